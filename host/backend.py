@@ -1,0 +1,124 @@
+"""The backend contract: Triton's backend API lifecycle, as Python classes.
+
+A backend plugin registers a factory under a backend name (see `host.plugins.spec`). The host
+drives the objects it makes with the lifecycle of Triton's backend API:
+
+- `Backend.initialize()` once, when the first model using the backend loads;
+  `Backend.finalize()` once, after the last such model unloads.
+- `Backend.auto_complete_config(spec)` before a model loads; may fill in `spec.config`.
+- `Backend.create_model(spec)` -> `Model`; then `Model.initialize()`.
+- for every instance of every instance group: `Model.create_instance(ispec)` -> `Instance`,
+  then `Instance.initialize()`.
+- `Instance.execute(requests)` with a batch of requests; never two concurrent calls on one
+  instance, different instances in parallel.
+- at unload: `Instance.finalize()` for each instance, then `Model.finalize()`.
+
+`execute` either returns one response per request (the host sends each as that request's final
+response) or returns None after sending responses itself through `request.respond(resp, final)`,
+which is how decoupled models answer zero, one or many times, possibly after execute returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from host.inference import InferenceRequest, InferenceResponse
+    from host.proto import model_config_pb2
+
+
+@dataclass
+class ModelSpec:
+    """What a backend knows of a model version it is asked to load."""
+
+    name: str
+    version: int
+    repository: Path  # the repository root holding the model
+    path: Path  # <repository>/<name>
+    config: "model_config_pb2.ModelConfig"
+    backend: str = ""
+
+    @property
+    def version_path(self) -> Path:
+        return self.path / str(self.version)
+
+    @property
+    def default_model_filename(self) -> str:
+        return self.config.default_model_filename
+
+    @property
+    def decoupled(self) -> bool:
+        return self.config.model_transaction_policy.decoupled
+
+    def parameter(self, key: str, default: str | None = None) -> str | None:
+        """A string parameter of the model config (`parameters { key: ... value { string_value } }`)."""
+        p = self.config.parameters.get(key)
+        return p.string_value if p is not None else default
+
+
+@dataclass
+class InstanceSpec:
+    """One instance of a model: `name` is Triton's `<group>_<index>`."""
+
+    name: str
+    kind: str  # "CPU", "GPU" or "MODEL" (KIND_ prefix dropped)
+    device_id: int
+    group: str
+    host_policy: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Instance:
+    """One copy of a model; `execute` is only ever called from one thread at a time."""
+
+    def initialize(self) -> None:
+        """Called once before the first execute."""
+
+    def execute(self, requests: Sequence[InferenceRequest]) -> Sequence[InferenceResponse] | None:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        """Called once after the last execute."""
+
+
+class Model:
+    """A loaded model version, shared by its instances."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+
+    def initialize(self) -> None:
+        """Called once, before any instance is created."""
+
+    def create_instance(self, spec: InstanceSpec) -> Instance:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        """Called once, after every instance was finalized."""
+
+
+class Backend:
+    """One object per backend name, shared by every model that uses it."""
+
+    #: Backend attributes (as TRITONBACKEND_BackendAttribute): instance kinds it can run.
+    supported_instance_kinds: tuple[str, ...] = ("CPU", "GPU", "MODEL")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def initialize(self) -> None:
+        """Called when the first model that uses this backend loads."""
+
+    def auto_complete_config(self, spec: ModelSpec) -> None:
+        """Fill in what `spec.config` leaves out (inputs, outputs, max_batch_size, ...)."""
+
+    def create_model(self, spec: ModelSpec) -> Model:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        """Called after the last model that uses this backend unloaded."""
+
+
+BackendFactory = Callable[[str], Backend]

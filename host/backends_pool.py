@@ -1,0 +1,88 @@
+"""Backend objects by name, with Triton's backend lifecycle.
+
+A backend is created and initialized when the first model version using it loads, and finalized
+when the last one unloads. When no plugin provides a backend, the native-library search of the
+seed is the fallback (`libtriton_<name>.so` in the version folder, the model folder, then
+`<backend_directory>/<name>/`); driving such a library through the C API is the seam left for
+the native-backend bridge.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Callable
+
+from host.backend import Backend
+from host.errors import NotFoundError, UnsupportedError
+from host.plugins.registry import Registry
+
+log = logging.getLogger(__name__)
+
+# Seam for native backends: given the library path and backend name, return a Backend.
+NativeLoader = Callable[[Path, str], Backend]
+
+
+def native_library_candidates(name: str, model_path: Path, version: int,
+                              backend_directory: Path | None) -> list[Path]:
+    """Where Triton looks for `libtriton_<name>.so`, in its order."""
+    lib = f"libtriton_{name}.so"
+    paths = [model_path / str(version) / lib, model_path / lib]
+    if backend_directory is not None:
+        paths.append(backend_directory / name / lib)
+    return paths
+
+
+class BackendPool:
+    def __init__(self, registry: Registry, backend_directory: Path | None = None,
+                 native_loader: NativeLoader | None = None) -> None:
+        self.registry = registry
+        self.backend_directory = backend_directory
+        self.native_loader = native_loader
+        self._lock = threading.Lock()
+        self._live: dict[str, tuple[Backend, int]] = {}  # name -> (backend, users)
+
+    def acquire(self, name: str, model_path: Path, version: int) -> Backend:
+        """The backend for a model version about to load (initialized on first use)."""
+        with self._lock:
+            if name in self._live:
+                backend, users = self._live[name]
+                self._live[name] = (backend, users + 1)
+                return backend
+            backend = self._create(name, model_path, version)
+            backend.initialize()  # an error here leaves nothing behind: the model fails to load
+            self._live[name] = (backend, 1)
+            return backend
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            backend, users = self._live[name]
+            if users > 1:
+                self._live[name] = (backend, users - 1)
+                return
+            del self._live[name]
+        try:
+            backend.finalize()
+        except Exception:
+            log.exception("finalize of backend '%s' failed", name)
+
+    def in_use(self) -> dict[str, int]:
+        with self._lock:
+            return {name: users for name, (_, users) in self._live.items()}
+
+    def _create(self, name: str, model_path: Path, version: int) -> Backend:
+        record = self.registry.backends.get(name)
+        if record is not None:
+            return record.factory(name)
+        for lib in native_library_candidates(name, model_path, version, self.backend_directory):
+            if lib.is_file():
+                if self.native_loader is None:
+                    raise UnsupportedError(
+                        f"backend '{name}' is provided by no installed plugin; found native library "
+                        f"'{lib}', but native Triton backends are not supported by this build")
+                return self.native_loader(lib, name)
+        known = ", ".join(sorted(self.registry.backends)) or "none"
+        raise NotFoundError(
+            f"unable to find backend '{name}': no installed plugin provides it (installed backends: "
+            f"{known}) and no native library libtriton_{name}.so was found")

@@ -1,0 +1,122 @@
+"""The `modelhost` command: `serve` with Triton-style flags, and `plugins`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from host import __version__
+from host.options import CONTROL_MODES, ServerOptions
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool = False) -> None:
+    """A Triton-style boolean: `--name`, `--name=true` or `--name=false`."""
+    parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help)
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model repository over HTTP",
+                       description="Serve Triton model repositories (KServe V2 / Triton protocol).")
+    p.add_argument("--model-repository", "--model-store", action="append", type=Path, dest="repos",
+                   metavar="DIR", help="model repository root (repeatable; default ./model_repository)")
+    p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="model to load at start in explicit mode (repeatable; '*' loads all)")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECS")
+    p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
+                   help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
+    _flag(p, "--exit-on-error", "exit if any model fails to load at start")
+    _flag(p, "--strict-model-config", "accepted for compatibility: configs are always auto-completed")
+    _flag(p, "--strict-readiness", "accepted for compatibility", default=True)
+    p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
+                   help="do not load the plugin NAME (repeatable; also MODELHOST_BLOCK_PLUGINS=a,b)")
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-thread-count", type=int, default=16)
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--metrics-port", type=int, default=8002)
+    _flag(p, "--allow-http", "serve HTTP", default=True)
+    _flag(p, "--allow-grpc", "serve gRPC (its server comes with the gRPC front end)", default=True)
+    _flag(p, "--allow-metrics", "serve metrics (with the metrics front end)", default=True)
+    p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
+    _flag(p, "--log-info", "log informational messages", default=True)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--model-load-thread-count", type=int, default=4)
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(
+        model_repositories=args.repos or [Path("model_repository")],
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
+        repository_poll_secs=args.repository_poll_secs,
+        backend_directory=args.backend_directory,
+        exit_on_error=args.exit_on_error,
+        strict_model_config=args.strict_model_config,
+        blocked_plugins=args.block_plugin,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_thread_count=args.http_thread_count,
+        http_max_input_size=args.http_max_input_size,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        log_verbose=args.log_verbose,
+        exit_timeout_secs=args.exit_timeout_secs,
+        model_load_thread_count=args.model_load_thread_count,
+    )
+
+
+def _plugins_command(args: argparse.Namespace) -> int:
+    from host.plugins import get_plugin_manager
+
+    plugins = get_plugin_manager(args.block_plugin)
+    by_plugin: dict[str, list[str]] = {}
+    for kind, table in (("backend", plugins.registry.backends), ("cache", plugins.registry.caches)):
+        for record in table.values():
+            by_plugin.setdefault(record.plugin, []).append(f"{kind}:{record.name}")
+    print(f"{'plugin':16} {'status':9} {'distribution':24} provides")
+    for info in plugins.found:
+        dist = f"{info.distribution} {info.version}".strip() or "-"
+        provides = ", ".join(by_plugin.get(info.name, [])) or "-"
+        print(f"{info.name:16} {info.status:9} {dist:24} {provides}")
+        if info.error:
+            print(f"{'':16} error: {info.error}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelhost", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"modelhost {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    pp = sub.add_parser("plugins", help="list the plugins found, with versions and what they provide")
+    pp.add_argument("--block-plugin", action="append", default=[], metavar="NAME")
+    args = parser.parse_args(argv)
+    if args.command == "plugins":
+        return _plugins_command(args)
+    logging.basicConfig(
+        level=logging.DEBUG if args.log_verbose else (logging.INFO if args.log_info else logging.WARNING),
+        format="%(asctime)s %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
+    from host.serve import serve
+
+    return serve(options_from_args(args))

@@ -1,0 +1,279 @@
+"""`Host`: the single facade both front ends call (health, metadata, infer, repository, stats).
+
+No wire format lives here and no business rule lives anywhere else: the front ends turn their
+requests into `host.inference` types, call one method, and map `HostError.code` to a status.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+from host import __version__, datatypes
+from host import config as config_mod
+from host.backends_pool import BackendPool
+from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
+                         InvalidArgumentError, UnavailableError)
+from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
+from host.manager import ModelManager
+from host.model import ModelVersion
+from host.options import CONTROL_MODES, ServerOptions
+from host.plugins import Plugins, get_plugin_manager
+from host.proto import model_config_pb2
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "modelhost"
+EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "model_configuration",
+              "binary_tensor_data", "parameters", "statistics", "generate"]
+
+
+class Host:
+    def __init__(self, options: ServerOptions | None = None, plugins: Plugins | None = None) -> None:
+        self.options = options or ServerOptions()
+        if self.options.model_control_mode not in CONTROL_MODES:
+            raise InvalidArgumentError(
+                f"unknown model control mode '{self.options.model_control_mode}' "
+                f"(expected one of {', '.join(CONTROL_MODES)})")
+        self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
+        self.backends = BackendPool(self.plugins.registry, self.options.backend_directory)
+        self.manager = ModelManager(self.options.model_repositories, self.backends,
+                                    self.options.model_control_mode, self._on_model_state)
+        self._ready = False
+        self._stopping = threading.Event()
+        self._poller: threading.Thread | None = None
+        # Streams run their scheduler call here so responses reach the client while execute runs.
+        self._stream_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="stream")
+
+    # --- start and stop ------------------------------------------------------------------------
+    def start(self) -> dict[str, str]:
+        """Load the initial models for the control mode; returns load errors by model name.
+
+        With `exit_on_error`, any load error is raised instead (after unloading what loaded).
+        """
+        opts = self.options
+        if opts.model_control_mode == "explicit":
+            errors = self.manager.load_all(opts.load_models) if opts.load_models else {}
+        else:
+            errors = self.manager.load_all()
+        for name, reason in errors.items():
+            log.error("failed to load '%s': %s", name, reason)
+        if errors and opts.exit_on_error:
+            self.manager.unload_all()
+            raise UnavailableError("failed to load all models: " +
+                                   "; ".join(f"'{n}': {r}" for n, r in errors.items()))
+        if opts.model_control_mode == "poll":
+            self._poller = threading.Thread(target=self._poll_loop, name="repository-poll", daemon=True)
+            self._poller.start()
+        self._ready = True
+        self.plugins.manager.hook.modelhost_startup(host=self)
+        return errors
+
+    def stop(self) -> None:
+        """Refuse new work, let in-flight requests finish, finalize every model."""
+        if self._stopping.is_set():
+            return
+        self._ready = False
+        self._stopping.set()
+        if self._poller is not None:
+            self._poller.join()
+        self.manager.unload_all()
+        self._stream_pool.shutdown(wait=True)
+        self.plugins.manager.hook.modelhost_shutdown(host=self)
+
+    def _poll_loop(self) -> None:
+        while not self._stopping.wait(self.options.repository_poll_secs):
+            try:
+                self.manager.poll()
+            except Exception:
+                log.exception("repository poll failed")
+
+    def _on_model_state(self, name: str, version: int, state: str, reason: str) -> None:
+        self.plugins.manager.hook.modelhost_model_state(name=name, version=version, state=state,
+                                                        reason=reason)
+
+    # --- health and metadata -------------------------------------------------------------------
+    def live(self) -> bool:
+        return not self._stopping.is_set()
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.manager.get(name, _version(version))
+        except HostError:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        mv = self.manager.get(name, _version(version))
+        entry = self.manager.entry(name)
+        cfg = mv.config
+        batch = [-1] if cfg.max_batch_size > 0 else []
+
+        def tensors(items) -> list[dict[str, Any]]:
+            return [{"name": t.name,
+                     "datatype": datatypes.from_config(model_config_pb2.DataType.Name(t.data_type)),
+                     "shape": batch + list(t.dims)} for t in items]
+
+        return {
+            "name": name,
+            "versions": [str(v.version) for v in reversed(entry.ready_versions())] if entry else [],
+            "platform": cfg.platform or cfg.backend,
+            "inputs": tensors(cfg.input),
+            "outputs": tensors(cfg.output),
+        }
+
+    def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
+        return self.manager.get(name, _version(version)).config
+
+    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_mod.config_to_json(self.model_config(name, version))
+
+    # --- inference -----------------------------------------------------------------------------
+    def infer(self, request: InferenceRequest, timeout: float | None = None,
+              endpoint: str = "HTTP end point") -> InferenceResponse:
+        """Unary inference; a response that carries an error is raised as that error."""
+        mv = self.manager.get(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
+        done = threading.Event()
+        got: list[InferenceResponse] = []
+
+        def collect(response: InferenceResponse | None, final: bool) -> None:
+            if response is not None:
+                got.append(response)
+            if final:
+                done.set()
+
+        self._submit(mv, request, collect)
+        if not done.wait(timeout):
+            request.cancel()
+            raise UnavailableError("inference request timed out")
+        if not got:
+            raise InternalError(f"model '{mv.name}' sent no response for the request")
+        response = got[-1]
+        if response.error is not None:
+            raise response.error
+        return response
+
+    def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
+        """Yield each response as it comes (final included when it carries data); closing early
+        cancels the request."""
+        mv = self.manager.get(request.model_name, request.model_version)
+        responses: queue.SimpleQueue = queue.SimpleQueue()
+        mv.rules.check(request)
+        self._prepare(mv, request, lambda r, final: responses.put((r, final)))
+        self._stream_pool.submit(self._schedule, mv, request)
+        return self._drain(request, responses)
+
+    @staticmethod
+    def _drain(request: InferenceRequest, responses: queue.SimpleQueue) -> Iterator[InferenceResponse]:
+        finished = False
+        try:
+            while not finished:
+                response, finished = responses.get()
+                if response is not None:
+                    yield response
+        finally:
+            if not finished:
+                request.cancel()
+
+    def submit(self, request: InferenceRequest, callback: ResponseCallback) -> None:
+        """Validate and schedule; `callback(response | None, final)` gets every response."""
+        self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
+
+    def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
+        mv.rules.check(request)
+        self._prepare(mv, request, callback)
+        self._schedule(mv, request)
+
+    def _prepare(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
+        """Count the request in flight and wrap its callback (names, output filter, stats)."""
+        mv.begin_request()
+        wanted = {o.name for o in request.outputs} or None
+        name, version, stats = mv.name, str(mv.version), mv.stats
+        failed = False
+
+        def on_response(response: InferenceResponse | None, final: bool) -> None:
+            nonlocal failed
+            if request.completed:
+                log.warning("model '%s' sent a response after the final one; dropped", name)
+                return
+            if response is not None:
+                response.model_name, response.model_version, response.id = name, version, request.id
+                if response.error is not None:
+                    failed = True
+                elif wanted is not None:
+                    response.outputs = [t for t in response.outputs if t.name in wanted]
+            if final:
+                request.completed = True
+                now = time.perf_counter_ns()
+                queued = (request.exec_start_ns or now) - request.enqueue_ns
+                stats.request_done(not failed, now - request.enqueue_ns, queued)
+                mv.end_request()
+            callback(response, final)
+
+        request.callback = on_response
+        request.enqueue_ns = time.perf_counter_ns()
+
+    @staticmethod
+    def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:
+        try:
+            mv.scheduler.submit(request)
+        except BaseException as exc:
+            if not request.completed:
+                err = exc if isinstance(exc, HostError) else InternalError(str(exc))
+                request.respond(InferenceResponse(error=err), True)
+            if not isinstance(exc, Exception):
+                raise
+
+    # --- repository ----------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.manager.index(ready_only)
+
+    def load_model(self, name: str, config: str | None = None,
+                   files: dict[str, bytes] | None = None) -> None:
+        self.manager.check_control_allowed()
+        if files:
+            raise UnsupportedError("loading a model with file content overrides is not supported")
+        self.manager.load(name, config)
+
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.manager.check_control_allowed()
+        self.manager.unload(name)  # no ensembles yet, so a model has no dependents to unload
+
+    # --- statistics ----------------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if not name:
+            versions = self.manager.loaded()
+        elif version:
+            versions = [self.manager.get(name, _version(version))]
+        else:
+            entry = self.manager.entry(name)
+            versions = list(entry.versions.values()) if entry else []
+            if not versions:
+                raise NotFoundError(f"requested model '{name}' is not available")
+        return {"model_stats": [v.stats.as_dict() for v in
+                                sorted(versions, key=lambda v: (v.name, v.version))]}
+
+
+def _version(version: str | int) -> int:
+    """'' or -1 mean the default version; anything else must be a non-negative integer."""
+    if version in ("", None, -1):
+        return -1
+    try:
+        value = int(version)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"failed to parse model version '{version}'") from None
+    if value < 0:
+        raise InvalidArgumentError(f"failed to parse model version '{version}'")
+    return value

@@ -1,0 +1,72 @@
+"""The host's one error hierarchy.
+
+Every error carries a transport-neutral code; the front ends translate codes into HTTP or gRPC
+status in exactly one table each. Subclasses only set the code, and the message is the
+constructor's only argument, so errors pickle and cross threads unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.Enum):
+    """Transport-neutral error codes (the subset of TRITONSERVER_Error_Code the host uses)."""
+
+    UNKNOWN = "unknown"
+    INTERNAL = "internal"
+    NOT_FOUND = "not_found"
+    INVALID_ARG = "invalid_arg"
+    UNAVAILABLE = "unavailable"
+    UNSUPPORTED = "unsupported"
+    ALREADY_EXISTS = "already_exists"
+    CANCELLED = "cancelled"
+
+
+class HostError(Exception):
+    """Base of every error the host raises on purpose."""
+
+    code: Code = Code.UNKNOWN
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InternalError(HostError):
+    code = Code.INTERNAL
+
+
+class NotFoundError(HostError):
+    code = Code.NOT_FOUND
+
+
+class InvalidArgumentError(HostError):
+    code = Code.INVALID_ARG
+
+
+class UnavailableError(HostError):
+    code = Code.UNAVAILABLE
+
+
+class UnsupportedError(HostError):
+    code = Code.UNSUPPORTED
+
+
+class AlreadyExistsError(HostError):
+    code = Code.ALREADY_EXISTS
+
+
+class CancelledError(HostError):
+    code = Code.CANCELLED
+
+
+_BY_CODE = {cls.code: cls for cls in HostError.__subclasses__()}
+
+
+def error_for(code: Code, message: str) -> HostError:
+    """Build the error class that carries `code` (used when a code crosses a boundary)."""
+    return _BY_CODE.get(code, HostError)(message)

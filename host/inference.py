@@ -1,0 +1,88 @@
+"""Protocol-neutral inference types: tensors, requests, responses.
+
+The front ends decode their wire format into these and encode responses from them; the core,
+the schedulers and the backends see nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from host.errors import HostError
+
+# Response flags (TRITONSERVER_ResponseCompleteFlag): the final response of a request.
+FINAL = 1
+
+
+@dataclass
+class Tensor:
+    """A named tensor; `data` is a numpy array (an object array of `bytes` for BYTES)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# Called once per response; `final` is True on the last one of a request.
+ResponseCallback = Callable[["InferenceResponse | None", bool], None]
+
+
+@dataclass
+class InferenceRequest:
+    model_name: str
+    model_version: int = -1  # -1: the policy's default (highest ready) version
+    id: str = ""
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    # Filled in by the host before the request reaches a scheduler.
+    callback: ResponseCallback | None = None
+    batch_size: int = 1  # rows: the first dimension when the model batches, else 1
+    enqueue_ns: int = 0
+    exec_start_ns: int = 0
+    completed: bool = False  # set once the final response went out
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def requested_output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def respond(self, response: InferenceResponse | None, final: bool = True) -> None:
+        """Send one response for this request (the sender API backends use)."""
+        assert self.callback is not None, "request was not submitted through the host"
+        self.callback(response, final)
+
+
+@dataclass
+class InferenceResponse:
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    error: HostError | None = None
+
+    def output(self, name: str) -> Tensor | None:
+        for t in self.outputs:
+            if t.name == name:
+                return t
+        return None

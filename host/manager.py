@@ -1,0 +1,280 @@
+"""The model manager: repository state, control modes (none, explicit, poll), load and unload.
+
+Repository actions are serialized by one lock; the request path only reads `self._models`
+(a dict swapped by assignment), so a load never blocks inference on other models.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from host import config as config_mod
+from host import repository
+from host.backend import ModelSpec
+from host.backends_pool import BackendPool
+from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from host.model import READY, UNAVAILABLE, ModelVersion
+from host.proto import model_config_pb2
+
+log = logging.getLogger(__name__)
+
+StateListener = Callable[[str, int, str, str], None]
+
+
+@dataclass
+class ModelEntry:
+    """Everything known about one model name."""
+
+    name: str
+    location: repository.ModelLocation | None = None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)  # version -> reason
+    error: str = ""  # a failure before any version could be tried (config, backend)
+    fingerprint: tuple = ()
+    unloaded: bool = False
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return sorted((v for v in self.versions.values() if v.state == READY),
+                      key=lambda v: v.version, reverse=True)
+
+
+class ModelManager:
+    def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
+                 on_state: StateListener | None = None) -> None:
+        self.roots = [Path(r) for r in roots]
+        self.backends = backends
+        self.mode = mode
+        self._on_state = on_state or (lambda *a: None)
+        self._models: dict[str, ModelEntry] = {}
+        self._lock = threading.RLock()
+
+    # --- request path ------------------------------------------------------------------------
+    def get(self, name: str, version: int = -1) -> ModelVersion:
+        """The READY version a request should use, or Triton's error."""
+        entry = self._models.get(name)
+        if entry is None or (not entry.versions and not entry.failed and not entry.error):
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if version < 0:
+            ready = entry.ready_versions()
+            if not ready:
+                raise UnavailableError(f"Request for unknown model: '{name}' has no available versions")
+            return ready[0]
+        mv = entry.versions.get(version)
+        if mv is None:
+            raise NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
+        if mv.state != READY:
+            raise UnavailableError(
+                f"Request for unknown model: '{name}' version {version} is not at ready state")
+        return mv
+
+    def entry(self, name: str) -> ModelEntry | None:
+        return self._models.get(name)
+
+    def loaded(self) -> list[ModelVersion]:
+        return [v for e in list(self._models.values()) for v in e.versions.values()]
+
+    # --- repository index ----------------------------------------------------------------------
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        with self._lock:
+            self._refresh_locations()
+            rows: list[dict[str, Any]] = []
+            for name in sorted(self._models):
+                rows.extend(self._index_rows(self._models[name]))
+        if ready_only:
+            rows = [r for r in rows if r.get("state") == READY]
+        return rows
+
+    @staticmethod
+    def _index_rows(entry: ModelEntry) -> list[dict[str, Any]]:
+        rows = []
+        for v in sorted(entry.versions.values(), key=lambda v: v.version):
+            row = {"name": entry.name, "version": str(v.version), "state": v.state}
+            if v.reason:
+                row["reason"] = v.reason
+            rows.append(row)
+        for version, reason in sorted(entry.failed.items()):
+            if version not in entry.versions:
+                rows.append({"name": entry.name, "version": str(version), "state": UNAVAILABLE,
+                             "reason": reason})
+        if not rows:
+            row: dict[str, Any] = {"name": entry.name}
+            if entry.error or entry.unloaded:
+                row.update(state=UNAVAILABLE, reason=entry.error or "unloaded")
+            rows.append(row)
+        return rows
+
+    def _refresh_locations(self) -> dict[str, str]:
+        """Learn models added to the repository (the index lists them even when not loaded)."""
+        locations, errors = repository.scan(self.roots)
+        for name, loc in locations.items():
+            self._models.setdefault(name, ModelEntry(name)).location = loc
+        return errors
+
+    # --- control -------------------------------------------------------------------------------
+    def check_control_allowed(self) -> None:
+        if self.mode == "poll":
+            raise UnsupportedError("explicit model load / unload is not allowed if polling is enabled")
+        if self.mode == "none":
+            raise UnsupportedError(
+                "explicit model load / unload is not allowed if model control mode is 'none'")
+
+    def load_all(self, names: list[str] | None = None) -> dict[str, str]:
+        """Load every model (or `names`); returns the errors by model name, loads the rest."""
+        with self._lock:
+            scan_errors = self._refresh_locations()
+            wanted = sorted(self._models) if names is None or "*" in names else names
+            errors: dict[str, str] = {}
+            for name in wanted:
+                try:
+                    if name in scan_errors:
+                        raise InvalidArgumentError(scan_errors[name])
+                    self.load(name)
+                except HostError as exc:
+                    errors[name] = str(exc)
+            return errors
+
+    def load(self, name: str, config_json: str | dict | None = None) -> None:
+        """(Re)load a model: every version its policy selects. Raises the first failure."""
+        with self._lock:
+            self._refresh_locations()
+            entry = self._models.get(name)
+            if entry is None or entry.location is None or not entry.location.path.is_dir():
+                raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+            entry.unloaded = False
+            entry.fingerprint = repository.fingerprint(entry.location.path)
+            try:
+                base = self._base_config(entry, config_json)
+                versions = repository.select_versions(base.version_policy,
+                                                      repository.versions_on_disk(entry.location.path))
+            except HostError as exc:
+                entry.error = str(exc)
+                self._notify(name, -1, UNAVAILABLE, entry.error)
+                raise
+            entry.error = ""
+            self._load_versions(entry, base, versions)
+
+    def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
+        assert entry.location is not None
+        if config_json is not None:
+            cfg = config_mod.config_from_json(config_json)
+        else:
+            cfg = config_mod.load_config_file(entry.location.path) or model_config_pb2.ModelConfig()
+        if not cfg.name:
+            cfg.name = entry.name
+        if not config_mod.backend_for(cfg):
+            cfg.backend = repository.infer_backend(entry.location.path)
+            if not cfg.backend:
+                raise InvalidArgumentError(
+                    f"model '{entry.name}' names no backend or platform and none can be inferred "
+                    f"from its files")
+        if not cfg.HasField("version_policy"):
+            cfg.version_policy.latest.num_versions = 1
+        if not repository.versions_on_disk(entry.location.path):
+            raise InvalidArgumentError(f"model '{entry.name}' has no version folder")
+        return cfg
+
+    def _load_versions(self, entry: ModelEntry, base: model_config_pb2.ModelConfig,
+                       versions: list[int]) -> None:
+        first_error: HostError | None = None
+        new: dict[int, ModelVersion] = {}
+        entry.failed = {}
+        for version in versions:
+            try:
+                new[version] = self._load_version(entry, copy.deepcopy(base), version)
+            except HostError as exc:
+                first_error = first_error or exc
+                entry.failed[version] = str(exc)
+                self._notify(entry.name, version, UNAVAILABLE, str(exc))
+                old = entry.versions.get(version)
+                if old is not None and old.state == READY:
+                    new[version] = old  # a failed reload keeps the version that was serving
+        old_versions = entry.versions
+        entry.versions = new
+        for version, mv in old_versions.items():
+            if new.get(version) is not mv:
+                self._unload_version(mv)
+        if first_error is not None:
+            raise first_error
+
+    def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
+        assert entry.location is not None
+        backend_name = config_mod.backend_for(cfg)
+        spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
+                         path=entry.location.path, config=cfg, backend=backend_name)
+        self._notify(entry.name, version, "LOADING", "")
+        try:
+            backend = self.backends.acquire(backend_name, spec.path, version)
+        except HostError:
+            raise
+        except Exception as exc:
+            raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
+        try:
+            backend.auto_complete_config(spec)
+            config_mod.normalize_config(spec.config, entry.name)
+            mv = ModelVersion(spec)
+            mv.load(backend)
+        except BaseException as exc:
+            self.backends.release(backend_name)
+            if isinstance(exc, HostError):
+                raise
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("model '%s' version %d failed to load", entry.name, version)
+            raise UnavailableError(f"failed to load '{entry.name}' version {version}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        log.info("successfully loaded '%s' version %d", entry.name, version)
+        self._notify(entry.name, version, READY, "")
+        return mv
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            entry = self._models.get(name)
+            if entry is None:
+                raise NotFoundError(f"failed to unload '{name}', model is not found")
+            entry.unloaded = True
+            for mv in list(entry.versions.values()):
+                self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
+            entry.versions, entry.failed = {}, {}
+
+    def unload_all(self) -> None:
+        with self._lock:
+            for name in list(self._models):
+                self.unload(name)
+
+    def _unload_version(self, mv: ModelVersion) -> None:
+        self._notify(mv.name, mv.version, "UNLOADING", "")
+        was_loaded = mv.scheduler is not None
+        mv.unload()
+        if was_loaded:
+            self.backends.release(mv.spec.backend)
+        log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
+        self._notify(mv.name, mv.version, UNAVAILABLE, "unloaded")
+
+    # --- poll mode -----------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Load added models, reload changed ones, unload removed ones."""
+        with self._lock:
+            locations, _ = repository.scan(self.roots)
+            for name in list(self._models):
+                if name not in locations:
+                    self.unload(name)
+                    del self._models[name]
+            for name, loc in locations.items():
+                entry = self._models.get(name)
+                if entry is not None and entry.fingerprint == repository.fingerprint(loc.path):
+                    continue
+                try:
+                    self.load(name)
+                except HostError as exc:
+                    log.error("poll: failed to load '%s': %s", name, exc)
+
+    def _notify(self, name: str, version: int, state: str, reason: str) -> None:
+        try:
+            self._on_state(name, version, state, reason)
+        except Exception:
+            log.exception("model-state listener failed")

@@ -1,0 +1,136 @@
+"""One loaded model version: its backend objects, instances, scheduler, state and statistics.
+
+`ModelVersion.load` runs the model and instance lifecycle of Triton's backend API; a failure in
+any initialize finalizes whatever was already initialized (in reverse order) and re-raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from host.backend import InstanceSpec, ModelSpec
+from host.errors import InvalidArgumentError, UnavailableError
+from host.proto import model_config_pb2
+from host.scheduler import DirectScheduler, DynamicBatcher, InstanceSlot
+from host.stats import ModelStats
+from host.validation import RequestRules
+
+if TYPE_CHECKING:
+    from host.backend import Backend, Model
+
+log = logging.getLogger(__name__)
+
+LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
+
+_KIND = {v: model_config_pb2.ModelInstanceGroup.Kind.Name(v)[5:]
+         for v in model_config_pb2.ModelInstanceGroup.Kind.values()}
+
+
+def instance_specs(config: model_config_pb2.ModelConfig) -> list[InstanceSpec]:
+    """Every instance of every instance group, named `<group>_<n>` as Triton names them."""
+    specs = []
+    for group in config.instance_group:
+        kind = _KIND[group.kind]
+        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+        n = 0
+        for device in devices:
+            for _ in range(max(group.count, 1)):
+                specs.append(InstanceSpec(name=f"{group.name}_{n}", kind=kind, device_id=device,
+                                          group=group.name, host_policy=group.host_policy))
+                n += 1
+    return specs
+
+
+class ModelVersion:
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.name, self.version = spec.name, spec.version
+        self.config = spec.config
+        self.decoupled = spec.decoupled
+        self.state, self.reason = LOADING, ""
+        self.stats = ModelStats(spec.name, spec.version)
+        self.rules = RequestRules(spec.config)
+        self._model: Model | None = None
+        self._slots: list[InstanceSlot] = []
+        self.scheduler: DirectScheduler | DynamicBatcher | None = None
+        self._inflight = 0
+        self._cond = threading.Condition()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def load(self, backend: Backend) -> None:
+        try:
+            self._model = backend.create_model(self.spec)
+            self._model.initialize()
+        except BaseException:
+            self._model = None
+            raise
+        try:
+            for ispec in instance_specs(self.config):
+                if ispec.kind not in backend.supported_instance_kinds:
+                    raise InvalidArgumentError(
+                        f"backend '{backend.name}' does not support instance kind KIND_{ispec.kind} "
+                        f"(instance '{ispec.name}')")
+                instance = self._model.create_instance(ispec)
+                instance.initialize()
+                self._slots.append(InstanceSlot(ispec, instance))
+        except BaseException:
+            self._finalize()
+            raise
+        self.scheduler = self._make_scheduler()
+        self.state = READY
+
+    def _make_scheduler(self) -> DirectScheduler | DynamicBatcher:
+        cfg = self.config
+        if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
+            db = cfg.dynamic_batching
+            return DynamicBatcher(self, self._slots, cfg.max_batch_size, list(db.preferred_batch_size),
+                                  db.max_queue_delay_microseconds)
+        return DirectScheduler(self, self._slots)
+
+    def unload(self, timeout: float | None = None) -> None:
+        """Refuse new requests, wait for those in flight (final responses included), finalize."""
+        with self._cond:
+            if self.state == READY:
+                self.state = UNLOADING
+            self._cond.wait_for(lambda: self._inflight == 0, timeout)
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self._finalize()
+        self.state, self.reason = UNAVAILABLE, "unloaded"
+
+    def _finalize(self) -> None:
+        """Finalize instances (reverse order), then the model; errors are logged, not raised."""
+        while self._slots:
+            slot = self._slots.pop()
+            try:
+                slot.instance.finalize()
+            except Exception:
+                log.exception("finalize of instance '%s' failed", slot.spec.name)
+        if self._model is not None:
+            try:
+                self._model.finalize()
+            except Exception:
+                log.exception("finalize of model '%s' version %d failed", self.name, self.version)
+            self._model = None
+
+    # --- requests ----------------------------------------------------------------------------
+    def begin_request(self) -> None:
+        with self._cond:
+            if self.state != READY:
+                raise UnavailableError(
+                    f"Request for unknown model: '{self.name}' version {self.version} is not at ready state"
+                    if self.state != UNLOADING else
+                    f"model '{self.name}' version {self.version} is unloading")
+            self._inflight += 1
+
+    def end_request(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if self._inflight == 0 and self.state == UNLOADING:
+                self._cond.notify_all()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight

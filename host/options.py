@@ -1,0 +1,34 @@
+"""Server options: one record, filled by the CLI or by an embedder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTROL_MODES = ("none", "explicit", "poll")
+
+
+@dataclass
+class ServerOptions:
+    model_repositories: list[Path] = field(default_factory=lambda: [Path("model_repository")])
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)  # explicit mode; "*" loads all
+    repository_poll_secs: float = 15.0
+    backend_directory: Path | None = None
+    exit_on_error: bool = False
+    strict_model_config: bool = False
+    blocked_plugins: list[str] = field(default_factory=list)
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    http_thread_count: int = 16
+    http_max_input_size: int = 64 * 1024 * 1024
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    log_verbose: int = 0
+    exit_timeout_secs: float = 30.0
+    model_load_thread_count: int = 4

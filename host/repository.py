@@ -1,0 +1,105 @@
+"""The on-disk model repository: where models are, which versions exist, what changed.
+
+Pure functions over the file system; the model manager decides what to load.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from host.errors import InvalidArgumentError, NotFoundError
+
+# Without a config.pbtxt the backend is inferred from the model file a version folder holds.
+_BACKEND_BY_FILE = (
+    ("model.py", "python"),
+    ("model.onnx", "onnxruntime"),
+    ("model.pt", "pytorch"),
+    ("model.plan", "tensorrt"),
+    ("model.savedmodel", "tensorflow"),
+    ("model.graphdef", "tensorflow"),
+)
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    name: str
+    root: Path  # the repository root (one of --model-repository)
+    path: Path  # root / name
+
+
+def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str]]:
+    """Every model folder under `roots`; a name found in two roots is an error for that model.
+
+    Returns (locations, errors by model name).
+    """
+    found: dict[str, ModelLocation] = {}
+    errors: dict[str, str] = {}
+    for root in roots:
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError as exc:
+            raise NotFoundError(f"failed to open model repository '{root}': {exc.strerror}") from None
+        for entry in entries:
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.name in found:
+                errors[entry.name] = (f"model '{entry.name}' exists in multiple model repositories: "
+                                      f"'{found[entry.name].root}' and '{root}'")
+                continue
+            found[entry.name] = ModelLocation(entry.name, Path(root), Path(entry.path))
+    return found, errors
+
+
+def versions_on_disk(path: Path) -> list[int]:
+    """Numbered version folders of a model, ascending (folders that are not numbers are ignored)."""
+    out = []
+    for entry in os.scandir(path):
+        if entry.is_dir() and entry.name.isdigit():
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def select_versions(policy, available: Iterable[int]) -> list[int]:
+    """Apply a ModelVersionPolicy (latest N / all / specific) to the versions on disk."""
+    available = sorted(available)
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return available
+    if which == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise InvalidArgumentError(
+                f"version policy names version(s) {missing} that have no folder on disk")
+        return wanted
+    n = policy.latest.num_versions if which == "latest" else 1
+    if n < 1:
+        raise InvalidArgumentError("version policy 'latest' needs num_versions >= 1")
+    return available[-n:]
+
+
+def infer_backend(path: Path) -> str:
+    """Best guess of a model's backend from its files, for models without a config.pbtxt."""
+    for version in reversed(versions_on_disk(path)):
+        for filename, backend in _BACKEND_BY_FILE:
+            if (path / str(version) / filename).exists():
+                return backend
+    return ""
+
+
+def fingerprint(path: Path) -> tuple:
+    """A cheap signature of a model folder (names, sizes, mtimes) to notice changes when polling."""
+    items = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        items.append((os.path.relpath(dirpath, path), -1, 0))  # an added empty version folder counts
+        for name in sorted(filenames):
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            items.append((os.path.relpath(os.path.join(dirpath, name), path), st.st_size, st.st_mtime_ns))
+    return tuple(items)

@@ -1,0 +1,155 @@
+"""Schedulers: how requests reach a model's instances.
+
+Both schedulers keep Triton's two guarantees: an instance never runs two executes at once, and
+different instances of a model run in parallel.
+
+- `DirectScheduler` (no dynamic batching): the caller's own thread takes a free instance, runs
+  execute with its one request and gives the instance back: no hand-off between threads, which is
+  what makes a request at low concurrency cheap.
+- `DynamicBatcher`: one thread per instance takes requests from a shared queue and combines those
+  of several clients into one execute, up to max_batch_size rows, waiting at most
+  max_queue_delay_microseconds for a preferred batch size.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from host.errors import CancelledError, HostError, InternalError
+from host.inference import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:
+    from host.backend import Instance, InstanceSpec
+    from host.model import ModelVersion
+
+log = logging.getLogger(__name__)
+
+
+class InstanceSlot:
+    def __init__(self, spec: InstanceSpec, instance: Instance) -> None:
+        self.spec, self.instance = spec, instance
+
+
+def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest]) -> None:
+    """Run one execute and make sure every request of a non-decoupled model gets its response."""
+    start = time.perf_counter_ns()
+    for r in requests:
+        r.exec_start_ns = start
+    try:
+        responses = slot.instance.execute(requests)
+    except Exception as exc:  # the backend's failure becomes each request's error
+        err = exc if isinstance(exc, HostError) else InternalError(str(exc) or type(exc).__name__)
+        if not isinstance(exc, HostError):
+            log.exception("model '%s' execute failed", model.name)
+        _fail(requests, err)
+    else:
+        if responses is not None:
+            if len(responses) != len(requests):
+                _fail(requests, InternalError(
+                    f"model '{model.name}' returned {len(responses)} responses for "
+                    f"{len(requests)} requests"))
+            else:
+                for request, response in zip(requests, responses):
+                    if not request.completed:
+                        request.respond(response, True)
+    model.stats.execution_done(len(requests), sum(r.batch_size for r in requests),
+                               time.perf_counter_ns() - start)
+    if not model.decoupled:
+        _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
+
+
+def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:
+    for r in requests:
+        if not r.completed:
+            r.respond(InferenceResponse(error=err), True)
+
+
+class DirectScheduler:
+    def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
+        self.model = model
+        self._free: queue.SimpleQueue[InstanceSlot] = queue.SimpleQueue()
+        for slot in slots:
+            self._free.put(slot)
+
+    def submit(self, request: InferenceRequest) -> None:
+        slot = self._free.get()
+        try:
+            if request.is_cancelled():
+                _fail([request], CancelledError("request was cancelled"))
+            else:
+                execute_batch(self.model, slot, [request])
+        finally:
+            self._free.put(slot)
+
+    def stop(self) -> None:
+        """Nothing runs on its own threads."""
+
+
+class DynamicBatcher:
+    def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
+                 preferred: Sequence[int], max_delay_us: int) -> None:
+        self.model = model
+        self.max_batch = max(max_batch_size, 1)
+        # Waiting for more requests is only worth it until the largest preferred size is reached.
+        self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
+        self.max_delay_ns = max_delay_us * 1000
+        self._queue: collections.deque[InferenceRequest] = collections.deque()
+        self._rows = 0  # rows queued
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._run, args=(slot,), daemon=True,
+                                          name=f"batcher-{slot.spec.name}") for slot in slots]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, request: InferenceRequest) -> None:
+        with self._cond:
+            self._queue.append(request)
+            self._rows += request.batch_size
+            self._cond.notify()
+
+    def _run(self, slot: InstanceSlot) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            live = [r for r in batch if not r.is_cancelled()]
+            _fail([r for r in batch if r.is_cancelled()], CancelledError("request was cancelled"))
+            if live:
+                execute_batch(self.model, slot, live)
+
+    def _next_batch(self) -> list[InferenceRequest] | None:
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            deadline = self._queue[0].enqueue_ns + self.max_delay_ns
+            while self._rows < self.target and not self._stopping:
+                remaining = deadline - time.perf_counter_ns()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining / 1e9)
+                if not self._queue:  # another instance took them
+                    return []
+            batch, rows = [], 0
+            while self._queue and (not batch or rows + self._queue[0].batch_size <= self.max_batch):
+                r = self._queue.popleft()
+                rows += r.batch_size
+                batch.append(r)
+            self._rows -= rows
+            if self._queue:
+                self._cond.notify()  # let an idle instance start on what is left
+            return batch
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()

@@ -1,0 +1,83 @@
+"""`modelhost serve`: gunicorn (gthread) hosting the falcon app, the models in its one worker.
+
+Nothing heavy happens in the gunicorn master: the Host (plugins, models, later the gRPC server)
+is built in `load()`, which gunicorn calls inside the worker after the fork. SIGINT and SIGTERM
+both stop gracefully: in-flight requests finish, then every model is finalized.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+
+from host.options import ServerOptions
+
+log = logging.getLogger(__name__)
+
+
+class _GracefulArbiter(Arbiter):
+    """Ctrl-C stops the server the way SIGTERM does (gunicorn's default SIGINT is abrupt)."""
+
+    def handle_int(self) -> None:
+        self.handle_term()
+
+
+class ServerApplication(BaseApplication):
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.host: Any = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        o = self.options
+        settings = {
+            "bind": [f"{_bracket(o.http_address)}:{o.http_port}"],
+            "workers": 1,  # the models live in one process; scale out with replicas
+            "worker_class": "gthread",
+            "threads": o.http_thread_count,
+            "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
+            "graceful_timeout": o.exit_timeout_secs,
+            "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
+            "accesslog": None,
+            "loglevel": "debug" if o.log_verbose else "info",
+            "post_worker_init": _graceful_worker_sigint,
+            "worker_exit": self._worker_exit,
+            "proc_name": "modelhost",
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        # Runs in the worker process, after the fork.
+        from host.core import Host
+        from host.http.app import create_app
+
+        self.host = Host(self.options)
+        self.host.start()
+        return create_app(self.host, max_input_size=self.options.http_max_input_size)
+
+    def _worker_exit(self, server: Any, worker: Any) -> None:
+        if self.host is not None:
+            log.info("stopping: waiting for in-flight requests, then unloading models")
+            self.host.stop()
+
+    def run(self) -> None:
+        _GracefulArbiter(self).run()
+
+
+def _graceful_worker_sigint(worker: Any) -> None:
+    # A terminal's Ctrl-C reaches the worker too; let it finish in-flight requests.
+    signal.signal(signal.SIGINT, worker.handle_exit)
+
+
+def _bracket(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def serve(options: ServerOptions) -> int:
+    ServerApplication(options).run()
+    return 0

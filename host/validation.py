@@ -1,0 +1,104 @@
+"""Checks of a request against its model's configuration, with Triton's messages.
+
+Built once per loaded model version (`RequestRules`), run on every request before scheduling,
+so both front ends reject the same requests with the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from host import datatypes
+from host.errors import InvalidArgumentError
+from host.proto import model_config_pb2
+
+if TYPE_CHECKING:
+    from host.inference import InferenceRequest
+
+
+@dataclass(frozen=True)
+class _TensorRule:
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension
+    optional: bool
+
+
+class RequestRules:
+    def __init__(self, config: model_config_pb2.ModelConfig) -> None:
+        self.model = config.name
+        self.max_batch_size = config.max_batch_size
+        self.inputs = {
+            i.name: _TensorRule(datatypes.from_config(model_config_pb2.DataType.Name(i.data_type)),
+                                tuple(i.dims), i.optional)
+            for i in config.input
+        }
+        self.outputs = {o.name for o in config.output}
+        self.required = [n for n, r in self.inputs.items() if not r.optional]
+
+    def check(self, request: InferenceRequest) -> None:
+        """Raise InvalidArgumentError for the first rule the request breaks; set its batch size."""
+        inputs = request.inputs
+        for name, tensor in inputs.items():
+            rule = self.inputs.get(name)
+            if rule is None:
+                raise InvalidArgumentError(
+                    f"unexpected inference input '{name}' for model '{self.model}'")
+            if tensor.datatype != rule.datatype:
+                raise InvalidArgumentError(
+                    f"inference input '{name}' data-type is '{tensor.datatype}', but model "
+                    f"'{self.model}' expects '{rule.datatype}'")
+        missing = [n for n in self.required if n not in inputs]
+        if missing:
+            raise InvalidArgumentError(
+                f"expected {len(self.required)} inputs but got {len(inputs)} inputs for model "
+                f"'{self.model}'. Got input(s) {_names(inputs)}, but missing required input(s) "
+                f"{_names(missing)}. Please provide all required input(s).")
+        batch = self._check_shapes(request)
+        request.batch_size = batch
+        for out in request.outputs:
+            if out.name not in self.outputs:
+                raise InvalidArgumentError(
+                    f"unexpected inference output '{out.name}' for model '{self.model}'")
+
+    def _check_shapes(self, request: InferenceRequest) -> int:
+        batch = None
+        for name, tensor in request.inputs.items():
+            dims = self.inputs[name].dims
+            shape = tensor.shape
+            if self.max_batch_size > 0:
+                if not shape:
+                    raise InvalidArgumentError(
+                        f"input '{name}' has no batch dimension, but model '{self.model}' "
+                        f"batches (max_batch_size {self.max_batch_size})")
+                rows, shape = shape[0], shape[1:]
+                if batch is None:
+                    batch = rows
+                elif rows != batch:
+                    raise InvalidArgumentError(
+                        f"input '{name}' batch size {rows} does not match the batch size {batch} "
+                        f"of the other inputs of model '{self.model}'")
+                if rows < 1 or rows > self.max_batch_size:
+                    raise InvalidArgumentError(
+                        f"inference request batch-size must be <= {self.max_batch_size} for "
+                        f"'{self.model}'")
+            if not _matches(dims, shape):
+                full = ([-1] if self.max_batch_size > 0 else []) + list(dims)
+                raise InvalidArgumentError(
+                    f"unexpected shape for input '{name}' for model '{self.model}'. Expected "
+                    f"{_shape(full)}, got {_shape(tensor.shape)}")
+        return batch or 1
+
+
+def _matches(dims: tuple[int, ...], shape: list[int]) -> bool:
+    if len(dims) != len(shape):
+        return False
+    return all(d == -1 or d == s for d, s in zip(dims, shape))
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(names) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
