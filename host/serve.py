@@ -40,13 +40,14 @@ class ServerApplication(BaseApplication):
             "worker_class": "gthread",
             "threads": o.http_thread_count,
             "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
-            "graceful_timeout": o.exit_timeout_secs,
+            "graceful_timeout": int(o.exit_timeout_secs),
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
             "accesslog": None,
             "loglevel": "debug" if o.log_verbose else "info",
             "post_worker_init": _graceful_worker_sigint,
             "worker_exit": self._worker_exit,
             "proc_name": "modelhost",
+            "control_socket_disable": True,  # several servers may run side by side
         }
         for key, value in settings.items():
             self.cfg.set(key, value)

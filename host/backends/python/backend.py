@@ -1,0 +1,531 @@
+"""The "python" backend: Triton python-backend models (`model.py` with `TritonPythonModel`), in process.
+
+Triton runs every instance of a python model in its own stub process. Here each instance imports
+the model file freshly under a unique module name instead, so module globals stay per instance,
+and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_utils`):
+
+- the model file is `<version dir>/<default_model_filename or "model.py">`. It is imported as
+  module `model` of a synthetic package whose path is the version directory, so relative imports
+  (`from . import helper`) work; during the import the version directory is first on `sys.path`,
+  so sibling modules import by absolute name too. Sibling modules are imported afresh for each
+  instance and taken out of `sys.modules` again, so two models with a `utils.py` do not clash.
+  (An absolute import of a sibling made later, inside `execute`, does not see the version
+  directory: import siblings at module level.)
+- `auto_complete_config` imports the module once more, on its own, as Triton's auto-complete stub.
+- `initialize(args)` receives Triton's keys: model_config (JSON), model_instance_kind,
+  model_instance_name, model_instance_device_id, model_repository, model_version, model_name.
+- `execute` may be a coroutine function: it runs on an event loop thread of the instance
+  (decoupled models: in the background, as Triton does).
+- non-decoupled models answer by returning one `InferenceResponse` per request, or `None` (for the
+  whole list or for single requests) after sending that request's one response through its
+  response sender; a request left without a response gets an error response.
+- decoupled models return None and answer through `request.get_response_sender()`.
+- an exception in `execute` (or a malformed return) fails every request that has not had its
+  final response, with Triton's message: "Failed to process the request(s) for model
+  '<instance>', message: <ExceptionType>: <text>".
+- response outputs are pruned to the requested outputs; an output whose datatype differs from
+  the configured `data_type` turns the response into an error naming the output; BYTES outputs
+  (object arrays of bytes/str, or 'S' arrays) become object arrays of `bytes`.
+
+Not supported (yet): BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...) raises
+TritonModelException; request rescheduling; the optional `is_ready()`; GPU-resident tensors
+(tensors live in CPU memory); custom metrics are not exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import traceback
+import types
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from host import datatypes
+from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
+from host.backends.python import pb_utils
+from host.config import config_from_json, config_to_json
+from host.errors import (
+    HostError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    error_for,
+)
+from host.errors import Code as _Code
+from host.inference import InferenceRequest as HostRequest
+from host.inference import InferenceResponse as HostResponse
+from host.inference import Tensor as HostTensor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_FILENAME = "model.py"
+MODEL_CLASS = "TritonPythonModel"
+
+# Request parameters Triton's front ends turn into request fields rather than parameters.
+_RESERVED_PARAMETERS = frozenset({
+    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+    "binary_data_output", "binary_data_size", "binary_data",
+})
+
+_module_counter = itertools.count(1)
+_import_lock = threading.Lock()  # sys.path / sys.modules juggling is process-global
+
+
+# --- locating and importing the model file ----------------------------------------------------
+
+def model_file(spec: ModelSpec) -> Path:
+    filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
+    path = spec.version_path / filename
+    if not path.is_file():
+        raise NotFoundError(f"Python model file not found in '{path}'")
+    if path.suffix != ".py":
+        raise InvalidArgumentError(
+            f"Model name must end with '.py'. Model name is \"{path.name}\".")
+    return path
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"\W", "_", text)
+
+
+def _sibling_names(directory: Path) -> set[str]:
+    """Top-level module names a file or package in `directory` would provide."""
+    names = set()
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return names
+    for entry in entries:
+        if entry.is_file() and entry.suffix in (".py", ".pyc", ".so", ".pyd"):
+            names.add(entry.name.split(".", 1)[0])
+        elif entry.is_dir() and entry.name.isidentifier():
+            names.add(entry.name)
+    return names
+
+
+def _is_under(module: types.ModuleType, directory: str) -> bool:
+    paths = [getattr(module, "__file__", None)] + list(getattr(module, "__path__", None) or [])
+    for p in paths:
+        if p and os.path.realpath(p).startswith(directory + os.sep):
+            return True
+    return False
+
+
+def import_model_module(path: Path, ctx: pb_utils._ModelContext, label: str) -> types.ModuleType:
+    """Import `path` freshly as `<unique package>.<stem>`; see the module docstring."""
+    version_dir = os.path.realpath(path.parent)
+    package_name = f"_modelhost_python_{_sanitize(label)}_{next(_module_counter)}"
+    package = types.ModuleType(package_name)
+    package.__path__ = [version_dir]
+    package.__package__ = package_name
+    package.__file__ = None
+    setattr(package, pb_utils.CONTEXT_GLOBAL, ctx)
+    module_name = f"{package_name}.{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise InternalError(f"cannot import python model file '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    setattr(module, pb_utils.CONTEXT_GLOBAL, ctx)
+
+    with _import_lock:
+        # Hide cached modules that a sibling of the model file would shadow, so `import utils`
+        # finds this model's utils.py; put them back afterwards.
+        hidden = {n: sys.modules.pop(n) for n in _sibling_names(path.parent) if n in sys.modules}
+        before = set(sys.modules)
+        sys.modules[package_name] = package
+        sys.modules[module_name] = module
+        sys.path.insert(0, version_dir)
+        token = pb_utils._ACTIVE.set(ctx)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            for name in [package_name, module_name]:
+                sys.modules.pop(name, None)
+            raise
+        finally:
+            pb_utils._ACTIVE.reset(token)
+            try:
+                sys.path.remove(version_dir)
+            except ValueError:
+                pass
+            # Siblings imported by absolute name: keep them private to this instance.
+            for name in set(sys.modules) - before:
+                mod = sys.modules.get(name)
+                if mod is not None and not name.startswith(package_name) and _is_under(mod, version_dir):
+                    del sys.modules[name]
+                    try:
+                        setattr(mod, pb_utils.CONTEXT_GLOBAL, ctx)
+                    except AttributeError:
+                        pass
+            sys.modules.update(hidden)
+    return module
+
+
+def forget_module(module: types.ModuleType | None) -> None:
+    """Drop a model module (and its package's submodules) from sys.modules."""
+    if module is None:
+        return
+    package_name = module.__name__.rpartition(".")[0]
+    with _import_lock:
+        for name in [n for n in sys.modules if n == package_name or n.startswith(package_name + ".")]:
+            del sys.modules[name]
+
+
+def _model_class(module: types.ModuleType, path: Path) -> type:
+    cls = getattr(module, MODEL_CLASS, None)
+    if cls is None:
+        raise InvalidArgumentError(f"python model file '{path}' does not define class '{MODEL_CLASS}'")
+    return cls
+
+
+class _StubError(Exception):
+    """A check of the backend itself (Triton's stub raises these in C++: no type name in the text)."""
+
+
+def _exception_text(exc: BaseException) -> str:
+    """How Triton's stub prints an exception: `<type>: <message>` for Python ones."""
+    if isinstance(exc, _StubError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _host_code(code: int) -> _Code:
+    try:
+        return _Code[pb_utils._ErrorCode(code).name]
+    except (KeyError, ValueError):
+        return _Code.UNKNOWN
+
+
+# --- backend / model / instance ----------------------------------------------------------------
+
+class PythonBackend(Backend):
+    """Registered under the name "python"."""
+
+    def auto_complete_config(self, spec: ModelSpec) -> None:
+        path = model_file(spec)
+        ctx = pb_utils._ModelContext(spec.name, str(path.parent))
+        try:
+            module = import_model_module(path, ctx, f"{spec.name}_autocomplete")
+        except HostError:
+            raise
+        except Exception as exc:
+            raise InternalError(
+                f"failed to import python model '{spec.name}' from '{path}': "
+                f"{_exception_text(exc)}") from exc
+        try:
+            cls = _model_class(module, path)
+            hook = getattr(cls, "auto_complete_config", None)
+            if hook is None:
+                return
+            config = pb_utils.ModelConfig(config_to_json(spec.config))
+            token = pb_utils._ACTIVE.set(ctx)
+            try:
+                result = hook(config)
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from exc
+            except HostError:
+                raise
+            except Exception as exc:
+                raise InternalError(
+                    f"auto_complete_config of model '{spec.name}' failed: "
+                    f"{_exception_text(exc)}") from exc
+            finally:
+                pb_utils._ACTIVE.reset(token)
+            if not isinstance(result, pb_utils.ModelConfig):
+                raise InvalidArgumentError(
+                    f"auto_complete_config function in model '{spec.name}' must return a valid "
+                    "pb.ModelConfig object.")
+            spec.config.CopyFrom(config_from_json(json.loads(json.dumps(result.as_dict()))))
+        finally:
+            forget_module(module)
+
+    def create_model(self, spec: ModelSpec) -> PythonModel:
+        return PythonModel(spec)
+
+
+class PythonModel(Model):
+    def initialize(self) -> None:
+        self.path = model_file(self.spec)
+        cfg = self.spec.config
+        # Output name -> wire datatype, for validating what the model sends.
+        self.output_datatypes = {
+            o.name: datatypes.from_config(pb_utils._DataType.Name(o.data_type))
+            for o in cfg.output if o.data_type != 0}
+        self.output_names = [o.name for o in cfg.output]
+
+    def create_instance(self, spec: InstanceSpec) -> PythonInstance:
+        return PythonInstance(self, spec)
+
+
+class _RequestState:
+    """One request in one execute: its host request, the model-facing wrapper and its sender."""
+
+    def __init__(self, instance: PythonInstance, request: HostRequest) -> None:
+        self.instance = instance
+        self.request = request
+        self.sender = pb_utils.InferenceResponseSender(
+            instance.decoupled, self._emit, request.is_cancelled)
+        self.pb_request = instance._wrap_request(request, self.sender)
+
+    def _emit(self, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        host_response = None if response is None else self.instance._convert(response, self.request)
+        self.request.respond(host_response, final)
+
+    def fail(self, message: str) -> None:
+        """Send an error as the final response unless a final response went out already."""
+        if self.sender._close():
+            self.sender._pending = None
+            self.request.respond(self.instance._error_response(InternalError(message), self.request), True)
+
+
+class PythonInstance(Instance):
+    def __init__(self, model: PythonModel, spec: InstanceSpec) -> None:
+        self.model = model
+        self.spec = spec
+        self.decoupled = model.spec.decoupled
+        self.name = spec.name
+        self.module: types.ModuleType | None = None
+        self.user: Any = None
+        self.ctx = pb_utils._ModelContext(model.spec.name, str(model.path.parent))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    # --- lifecycle ---
+
+    def initialize(self) -> None:
+        mspec = self.model.spec
+        try:
+            self.module = import_model_module(self.model.path, self.ctx, f"{mspec.name}_{self.name}")
+            cls = _model_class(self.module, self.model.path)
+            with self._active():
+                self.user = cls()
+                init = getattr(self.user, "initialize", None)
+                if init is not None:
+                    init({
+                        "model_config": json.dumps(config_to_json(mspec.config)),
+                        "model_instance_kind": self.spec.kind,
+                        "model_instance_name": self.name,
+                        "model_instance_device_id": str(self.spec.device_id),
+                        "model_repository": str(mspec.path),
+                        "model_version": str(mspec.version),
+                        "model_name": mspec.name,
+                    })
+        except HostError:
+            forget_module(self.module)
+            raise
+        except Exception as exc:
+            forget_module(self.module)
+            log.error("initialize of python model '%s' instance '%s' failed:\n%s",
+                      mspec.name, self.name, traceback.format_exc())
+            raise InternalError(_exception_text(exc)) from exc
+
+    def finalize(self) -> None:
+        try:
+            fin = getattr(self.user, "finalize", None)
+            if fin is not None:
+                with self._active():
+                    fin()
+        except Exception:
+            log.exception("finalize of python model '%s' instance '%s' failed",
+                          self.model.spec.name, self.name)
+        finally:
+            self._stop_loop()
+            forget_module(self.module)
+            self.user = None
+
+    # --- execute ---
+
+    def execute(self, requests: Sequence[HostRequest]) -> Sequence[HostResponse] | None:
+        states = [_RequestState(self, r) for r in requests]
+        pb_requests = [s.pb_request for s in states]
+        try:
+            execute = getattr(self.user, "execute", None)
+            if execute is None:
+                raise _StubError(
+                    f"Python model {self.model.path} does not implement `execute` method.")
+            with self._active():
+                result = execute(pb_requests)
+            if asyncio.iscoroutine(result):
+                if self.decoupled:
+                    self._run_in_background(result, states)
+                    return None
+                result = self._run_coroutine(result)
+            return self._collect(result, states)
+        except Exception as exc:
+            message = (f"Failed to process the request(s) for model '{self.name}', message: "
+                       f"{_exception_text(exc)}")
+            log.error("%s\n%s", message, traceback.format_exc())
+            for s in states:
+                s.fail(message)
+            return None
+
+    def _collect(self, result: Any, states: list[_RequestState]) -> list[HostResponse] | None:
+        """Check what execute returned; the host responses to return, or None if sent here."""
+        if self.decoupled:
+            if result is not None:
+                raise _StubError(
+                    f"Python model '{self.name}' is using the decoupled mode and the execute "
+                    "function must return None.")
+            return None
+        if result is None:
+            result = [None] * len(states)
+        if not isinstance(result, (list, tuple)):
+            raise _StubError(
+                f"Expected a list in the execute return, found type '{type(result)}'.")
+        if len(result) != len(states):
+            raise _StubError(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                f"objects. InferenceRequest(s) size is:{len(states)}, and InferenceResponse(s) "
+                f"size is:{len(result)}\n")
+        for response in result:
+            if response is not None and not isinstance(response, pb_utils.InferenceResponse):
+                raise _StubError(
+                    "Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(response)}'.")
+        # Fast path: every request answered by the return value, no sender used.
+        if all(r is not None for r in result) and not any(s.sender._sent for s in states):
+            for s in states:
+                s.sender._close()
+            return [self._convert(r, s.request) for r, s in zip(result, states)]
+        for response, s in zip(result, states):
+            if response is not None:
+                s.sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif not s.sender._is_closed():
+                s.fail(f"Python model '{self.name}' returned no response for request "
+                       f"'{s.request.id}' and did not send its final response with the response "
+                       "sender before execute returned.")
+        return None
+
+    # --- async execute ---
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, daemon=True,
+                                      name=f"python-model-{self.name}-loop")
+            thread.start()
+            self._loop, self._loop_thread = loop, thread
+        return self._loop
+
+    def _run_coroutine(self, coro: Any) -> Any:
+        ctx = self.ctx
+
+        async def run() -> Any:
+            pb_utils._ACTIVE.set(ctx)
+            return await coro
+
+        return asyncio.run_coroutine_threadsafe(run(), self._ensure_loop()).result()
+
+    def _run_in_background(self, coro: Any, states: list[_RequestState]) -> None:
+        ctx = self.ctx
+
+        async def run() -> None:
+            pb_utils._ACTIVE.set(ctx)
+            try:
+                await coro
+            except Exception as exc:
+                message = (f"Failed to process the request(s) for model '{self.name}', message: "
+                           f"{_exception_text(exc)}")
+                log.error("%s\n%s", message, traceback.format_exc())
+                for s in states:
+                    s.fail(message)
+
+        asyncio.run_coroutine_threadsafe(run(), self._ensure_loop())
+
+    def _stop_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=5)
+            self._loop = self._loop_thread = None
+
+    # --- conversions ---
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        token = pb_utils._ACTIVE.set(self.ctx)
+        try:
+            yield
+        finally:
+            pb_utils._ACTIVE.reset(token)
+
+    def _wrap_request(self, request: HostRequest, sender: pb_utils.InferenceResponseSender
+                      ) -> pb_utils.InferenceRequest:
+        params = request.parameters or {}
+        inputs = [pb_utils.Tensor._wrap(name, t.datatype, t.data) for name, t in request.inputs.items()]
+        flags = 0
+        if _truthy(params.get("sequence_start")):
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        if _truthy(params.get("sequence_end")):
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        correlation_id = getattr(request, "correlation_id", None)
+        if correlation_id is None:
+            correlation_id = params.get("sequence_id", 0)
+        if isinstance(correlation_id, str) and correlation_id.isdigit():
+            correlation_id = int(correlation_id)
+        try:
+            timeout = int(params.get("timeout", 0) or 0)
+        except (TypeError, ValueError):
+            timeout = 0
+        user_params = {k: v for k, v in params.items() if k not in _RESERVED_PARAMETERS}
+        requested = request.requested_output_names or list(self.model.output_names)
+        return pb_utils.InferenceRequest._incoming(
+            request_id=request.id, correlation_id=correlation_id, inputs=inputs,
+            requested_output_names=requested, model_name=self.model.spec.name,
+            model_version=self.model.spec.version, flags=getattr(request, "flags", None) or flags,
+            timeout=timeout, parameters=json.dumps(user_params, default=str),
+            cancelled=request.is_cancelled, sender=sender)
+
+    def _base_response(self, request: HostRequest) -> HostResponse:
+        return HostResponse(model_name=self.model.spec.name,
+                            model_version=str(self.model.spec.version), id=request.id)
+
+    def _error_response(self, error: HostError, request: HostRequest) -> HostResponse:
+        response = self._base_response(request)
+        response.error = error
+        return response
+
+    def _convert(self, response: pb_utils.InferenceResponse, request: HostRequest) -> HostResponse:
+        """A model's pb_utils.InferenceResponse as the host's response (an error response if invalid)."""
+        if response.has_error():
+            err = response.error()
+            return self._error_response(error_for(_host_code(err.code()), err.message()), request)
+        host = self._base_response(request)
+        try:
+            params = json.loads(response.parameters() or "{}")
+        except ValueError:
+            params = {}
+        host.parameters = params
+        requested = set(request.requested_output_names)
+        expected = self.model.output_datatypes
+        for tensor in response.output_tensors():
+            name = tensor.name()
+            if requested and name not in requested:
+                continue
+            datatype = tensor._datatype
+            want = expected.get(name)
+            if want is not None and want != datatype:
+                return self._error_response(InternalError(
+                    f"output '{name}' of model '{self.model.spec.name}' has datatype {datatype}, "
+                    f"but the model configuration specifies {datatypes.to_config(want)}"), request)
+            data = tensor._array
+            if datatype == "BYTES":
+                data = pb_utils._as_bytes_object_array(data)
+            host.outputs.append(HostTensor(name=name, datatype=datatype, shape=list(data.shape),
+                                           data=data))
+        return host
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.lower() in ("1", "true", "yes")
+    return bool(value)
