@@ -145,19 +145,21 @@ class Host:
         mv = self.manager.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
-        done = threading.Event()
         got: list[InferenceResponse] = []
+        finished: queue.SimpleQueue = queue.SimpleQueue()  # C-level, cheap to make per request
 
         def collect(response: InferenceResponse | None, final: bool) -> None:
             if response is not None:
                 got.append(response)
             if final:
-                done.set()
+                finished.put(True)
 
         self._submit(mv, request, collect)
-        if not done.wait(timeout):
+        try:
+            finished.get(timeout=timeout)  # the direct scheduler has usually finished already
+        except queue.Empty:
             request.cancel()
-            raise UnavailableError("inference request timed out")
+            raise UnavailableError("inference request timed out") from None
         if not got:
             raise InternalError(f"model '{mv.name}' sent no response for the request")
         response = got[-1]

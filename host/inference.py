@@ -6,7 +6,6 @@ the schedulers and the backends see nothing else.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -54,17 +53,17 @@ class InferenceRequest:
     enqueue_ns: int = 0
     exec_start_ns: int = 0
     completed: bool = False  # set once the final response went out
-    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    cancelled: bool = False  # a plain flag: set once, read by schedulers and models
 
     @property
     def requested_output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
 
     def cancel(self) -> None:
-        self._cancelled.set()
+        self.cancelled = True
 
     def is_cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self.cancelled
 
     def respond(self, response: InferenceResponse | None, final: bool = True) -> None:
         """Send one response for this request (the sender API backends use)."""
