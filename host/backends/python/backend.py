@@ -482,7 +482,8 @@ class PythonInstance(Instance):
             request_id=request.id, correlation_id=correlation_id, inputs=inputs,
             requested_output_names=requested, model_name=self.model.spec.name,
             model_version=self.model.spec.version, flags=getattr(request, "flags", None) or flags,
-            timeout=timeout, parameters=json.dumps(user_params, default=str),
+            timeout=timeout,
+            parameters=json.dumps(user_params, default=str) if user_params else "{}",
             cancelled=request.is_cancelled, sender=sender)
 
     def _base_response(self, request: HostRequest) -> HostResponse:
@@ -500,11 +501,12 @@ class PythonInstance(Instance):
             err = response.error()
             return self._error_response(error_for(_host_code(err.code()), err.message()), request)
         host = self._base_response(request)
-        try:
-            params = json.loads(response.parameters() or "{}")
-        except ValueError:
-            params = {}
-        host.parameters = params
+        raw = response.parameters()
+        if raw and raw != "{}":  # most responses carry none: skip the JSON parse
+            try:
+                host.parameters = json.loads(raw)
+            except ValueError:
+                pass
         requested = set(request.requested_output_names)
         expected = self.model.output_datatypes
         for tensor in response.output_tensors():
