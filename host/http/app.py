@@ -1,0 +1,316 @@
+"""The HTTP/REST front end: Triton's KServe v2 HTTP API as a falcon WSGI app over a `Host`.
+
+Thin by design: each responder turns the wire format into core types (`host.http.codec`,
+`host.http.generate`), makes one call into the host, and writes the answer. Errors are the
+host's `HostError`s, turned into HTTP status by the one table in `host.http.status`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import Any, Iterator
+
+import falcon
+import orjson
+
+from host.config import config_to_json
+from host.core import Host
+from host.errors import Code, HostError, InternalError, InvalidArgumentError
+from host.http import body, codec, generate
+from host.http.status import error_body, status_line
+from host.inference import InferenceRequest, InferenceResponse
+
+log = logging.getLogger("host.http")
+
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
+_HEADER_LENGTH_KEY = "HTTP_" + codec.HEADER_LENGTH.upper().replace("-", "_")  # its WSGI environ key
+
+
+def _version(version: str) -> str:
+    """Triton routes only numeric versions (`/versions/([0-9]+)`); anything else is 'Not Found'."""
+    if version and not (version.isascii() and version.isdigit()):
+        raise falcon.HTTPNotFound()
+    return version
+
+
+def _json(resp: falcon.Response, obj: Any) -> None:
+    resp.content_type = JSON
+    resp.data = orjson.dumps(obj)
+
+
+class _Resource:
+    def __init__(self, host: Host, max_input_size: int) -> None:
+        self.host = host
+        self.max_input_size = max_input_size
+
+    def body(self, req: falcon.Request) -> bytes:
+        env = req.env
+        chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
+        data = body.read(req.stream, req.content_length, chunked, self.max_input_size)
+        encoding = env.get("HTTP_CONTENT_ENCODING")
+        return body.decode(data, encoding, self.max_input_size) if encoding else data
+
+    def json_body(self, req: falcon.Request) -> dict[str, Any]:
+        """An optional JSON object body ({} when empty)."""
+        data = self.body(req)
+        if not data:
+            return {}
+        doc = codec.load_json(data)
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError("the request JSON must be an object")
+        return doc
+
+
+class Server(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _json(resp, self.host.server_metadata())
+
+    def on_get_live(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.status = falcon.HTTP_200 if self.host.live() else falcon.HTTP_400
+
+    def on_get_ready(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.status = falcon.HTTP_200 if self.host.ready() else falcon.HTTP_400
+
+
+class Model(_Resource):
+    """Metadata, readiness, configuration and statistics of a model (version)."""
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
+        _json(resp, self.host.model_metadata(model, _version(version)))
+
+    def on_get_ready(self, req: falcon.Request, resp: falcon.Response, model: str,
+                     version: str = "") -> None:
+        if not self.host.model_ready(model, _version(version)):
+            resp.status = falcon.HTTP_400
+            resp.content_type = JSON
+            resp.data = error_body("Model version not ready")
+
+    def on_get_config(self, req: falcon.Request, resp: falcon.Response, model: str,
+                      version: str = "") -> None:
+        _json(resp, config_to_json(self.host.model_config(model, _version(version))))
+
+    def on_get_stats(self, req: falcon.Request, resp: falcon.Response, model: str = "",
+                     version: str = "") -> None:
+        _json(resp, self.host.statistics(model, _version(version)))
+
+
+class Infer(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
+        version = _version(version)
+        data = self.body(req)
+        header_length = codec.parse_header_length(req.env.get(_HEADER_LENGTH_KEY), len(data))
+        request, fmt = codec.decode_infer_request(data, header_length, model,
+                                                  int(version) if version else -1)
+        response = self.host.infer(request)
+        out, json_length = codec.encode_infer_response(response, fmt, request.id)
+        if json_length is None:
+            resp.content_type = JSON
+        else:
+            resp.content_type = OCTET_STREAM
+            resp.set_header(codec.HEADER_LENGTH, str(json_length))
+        accept = req.env.get("HTTP_ACCEPT_ENCODING")
+        if accept:
+            encoding = body.response_encoding(accept)
+            if encoding:
+                out = body.compress(out, encoding)
+                resp.set_header("Content-Encoding", encoding)
+        resp.data = out
+
+
+class Generate(_Resource):
+    def _request(self, req: falcon.Request, model: str, version: str) -> InferenceRequest:
+        version = _version(version)
+        doc = self.json_body(req)
+        metadata = self.host.model_metadata(model, version)
+        return generate.decode_generate_request(doc, metadata, model, int(version) if version else -1)
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
+        request = self._request(req, model, version)
+        responses = []
+        stream = self.host.infer_stream(request)
+        try:
+            for response in stream:
+                if response is None:
+                    continue
+                if response.error is not None:
+                    raise response.error
+                responses.append(response)
+        finally:
+            _close(stream)
+        if len(responses) != 1:
+            raise InternalError(generate.SINGLE_RESPONSE)
+        resp.content_type = JSON
+        resp.data = generate.encode_generate_response(responses[0], request.id)
+
+    def on_post_stream(self, req: falcon.Request, resp: falcon.Response, model: str,
+                       version: str = "") -> None:
+        request = self._request(req, model, version)
+        stream = iter(self.host.infer_stream(request))
+        try:  # errors before the first response answer as any other request's
+            first = next(stream)
+            while first is None:
+                first = next(stream)
+        except StopIteration:
+            first = None
+        except BaseException:
+            _close(stream)
+            raise
+        if first is not None and first.error is not None:
+            resp.status = status_line(first.error.code)
+        resp.content_type = generate.CONTENT_TYPE_SSE
+        resp.stream = _events(first, stream, request.id)
+
+
+def _close(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
+def _event(response: InferenceResponse, request_id: str) -> bytes:
+    if response.error is not None:
+        return generate.sse_error(response.error.message)
+    try:
+        return generate.sse_event(generate.encode_generate_response(response, request_id))
+    except HostError as exc:
+        return generate.sse_error(exc.message)
+
+
+def _events(first: InferenceResponse | None, stream: Iterator, request_id: str) -> Iterator[bytes]:
+    """The SSE body; closing it (client gone) closes the host's stream, which cancels the request."""
+    try:
+        if first is not None:
+            yield _event(first, request_id)
+        while True:
+            try:
+                response = next(stream)
+            except StopIteration:
+                return
+            except HostError as exc:
+                yield generate.sse_error(exc.message)
+                return
+            except Exception as exc:  # noqa: BLE001 - the status line is gone; report in-band
+                log.exception("generate_stream failed")
+                yield generate.sse_error(f"internal error: {exc}")
+                return
+            if response is not None:
+                yield _event(response, request_id)
+    finally:
+        _close(stream)
+
+
+class Repository(_Resource):
+    def on_post_index(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ready = self.json_body(req).get("ready", False)
+        if type(ready) is not bool:
+            raise InvalidArgumentError("Invalid value for 'ready': expected a boolean")
+        _json(resp, self.host.repository_index(ready_only=ready))
+
+    def on_post_load(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
+        config, files = _load_parameters(_parameters(self.json_body(req)))
+        self.host.load_model(model, config=config, files=files)
+        resp.content_type = JSON
+
+    def on_post_unload(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
+        dependents = _parameters(self.json_body(req)).get("unload_dependents", False)
+        if type(dependents) is not bool:
+            raise InvalidArgumentError("Unable to parse 'unload_dependents': expected a boolean")
+        self.host.unload_model(model, unload_dependents=dependents)
+        resp.content_type = JSON
+
+
+def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidArgumentError("Unable to parse 'parameters': expected an object")
+    return params
+
+
+def _load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str, bytes] | None]:
+    """`config` (JSON text) and `file:<version>/<name>` (base64) -> (config, {"<version>/<name>": bytes})."""
+    config = None
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if type(value) is not str:
+            raise InvalidArgumentError(f"Unable to parse load parameter '{key}': expected a string")
+        if key == "config":
+            config = value
+        elif key.startswith("file:"):
+            try:
+                files[key[5:]] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidArgumentError(f"'{key}' is not valid base64 data") from None
+        else:
+            raise InvalidArgumentError(
+                f"unexpected load parameter '{key}': expected 'config' or 'file:<version>/<name>'")
+    return config, files or None
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+def _host_error(req: falcon.Request, resp: falcon.Response, ex: HostError, params: dict) -> None:
+    resp.status = status_line(ex.code)
+    resp.content_type = JSON
+    resp.data = error_body(ex.message)
+    if ex.code is Code.UNSUPPORTED and ex.message == body.UNSUPPORTED_ENCODING:
+        resp.set_header("Accept-Encoding", "gzip, deflate")
+
+
+def _http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: dict) -> None:
+    """falcon's own errors (no route: 404, wrong method: 405, bad header: 400) as `{"error": ...}`."""
+    resp.status = ex.status
+    if ex.headers:
+        resp.set_headers(ex.headers)
+    resp.content_type = JSON
+    message = ex.description or ex.title
+    if message.startswith(str(ex.status_code) + " "):
+        message = message[4:]  # "404 Not Found" -> "Not Found", as Triton words it
+    resp.data = error_body(message)
+
+
+def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict) -> None:
+    log.exception("unhandled error on %s %s", req.method, req.path)
+    resp.status = falcon.HTTP_500
+    resp.content_type = JSON
+    resp.data = error_body(f"internal error: {type(ex).__name__}: {ex}")
+
+
+# --- the app ---------------------------------------------------------------------------------
+
+_VERSIONED = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+
+
+def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> falcon.App:
+    """The WSGI app serving `host` over Triton's HTTP/REST API."""
+    app = falcon.App(media_type=JSON)
+    app.req_options.auto_parse_form_urlencoded = False
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(falcon.HTTPError, _http_error)
+    app.add_error_handler(HostError, _host_error)
+
+    server = Server(host, max_input_size)
+    model = Model(host, max_input_size)
+    infer = Infer(host, max_input_size)
+    gen = Generate(host, max_input_size)
+    repo = Repository(host, max_input_size)
+
+    app.add_route("/v2", server)
+    app.add_route("/v2/health/live", server, suffix="live")
+    app.add_route("/v2/health/ready", server, suffix="ready")
+    app.add_route("/v2/models/stats", model, suffix="stats")
+    for base in _VERSIONED:
+        app.add_route(base, model)
+        app.add_route(base + "/ready", model, suffix="ready")
+        app.add_route(base + "/config", model, suffix="config")
+        app.add_route(base + "/stats", model, suffix="stats")
+        app.add_route(base + "/infer", infer)
+        app.add_route(base + "/generate", gen)
+        app.add_route(base + "/generate_stream", gen, suffix="stream")
+    app.add_route("/v2/repository/index", repo, suffix="index")
+    app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
+    app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)
+    return app

@@ -1,0 +1,104 @@
+"""Request bodies (size limit, Content-Encoding) and response compression (Accept-Encoding).
+
+Triton accepts `gzip` and `deflate` (zlib-wrapped) request bodies on infer, answers an unknown
+Content-Encoding with UNSUPPORTED "Unsupported compression type", and compresses infer responses
+with the best of identity/deflate/gzip named in Accept-Encoding (q-values honoured).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import BinaryIO
+
+from host.errors import InvalidArgumentError, UnsupportedError
+
+LIMIT_HINT = "Use --http-max-input-size to increase the limit."
+UNSUPPORTED_ENCODING = "Unsupported compression type"
+
+
+def too_large(size: int, limit: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"request body size of {size} bytes exceeds the maximum allowed input size of {limit} "
+        f"bytes. {LIMIT_HINT}")
+
+
+def read(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int) -> bytes:
+    """The raw request body, refused when it is larger than `limit` bytes.
+
+    Without Content-Length the body is only read when it is chunked (a WSGI server gives EOF
+    at its end); otherwise there is none.
+    """
+    if content_length is not None:
+        if content_length > limit:
+            raise too_large(content_length, limit)
+        if content_length == 0:
+            return b""
+        data = stream.read(content_length)
+        if len(data) != content_length:
+            raise InvalidArgumentError(
+                f"request body ended after {len(data)} of the {content_length} bytes "
+                "its Content-Length announced")
+        return data
+    if not chunked:
+        return b""
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise InvalidArgumentError(
+            f"request body exceeds the maximum allowed input size of {limit} bytes. {LIMIT_HINT}")
+    return data
+
+
+def decode(data: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo a `gzip` or `deflate` Content-Encoding; the decompressed size is limited too."""
+    if not content_encoding:
+        return data
+    encoding = content_encoding.strip().lower()
+    if encoding == "identity":
+        return data
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedError(UNSUPPORTED_ENCODING)
+    if not data:
+        return data
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise InvalidArgumentError(f"failed to decompress the {encoding} request body: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise InvalidArgumentError(
+            f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
+            f"{LIMIT_HINT}")
+    if not inflater.eof:
+        raise InvalidArgumentError(f"failed to decompress the {encoding} request body: truncated data")
+    return out
+
+
+def response_encoding(accept_encoding: str | None) -> str | None:
+    """`gzip`, `deflate` or None (identity): Triton's choice among the encodings it offers."""
+    if not accept_encoding:
+        return None
+    best, weight = "identity", 0.0
+    for item in accept_encoding.split(","):
+        name, _, q = item.partition(";")
+        name = name.strip().lower()
+        if name not in ("identity", "gzip", "deflate"):
+            continue
+        w = 1.0
+        q = q.strip()
+        if q:
+            if not q.startswith("q="):
+                continue
+            try:
+                w = float(q[2:])
+            except ValueError:
+                continue
+        if w > weight:
+            best, weight = name, w
+    return None if best == "identity" else best
+
+
+def compress(data: bytes, encoding: str) -> bytes:
+    if encoding == "gzip":
+        deflater = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+        return deflater.compress(data) + deflater.flush()
+    return zlib.compress(data, 6)

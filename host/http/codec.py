@@ -1,0 +1,429 @@
+"""KServe v2 / Triton HTTP inference wire format <-> `host.inference` types. Pure functions.
+
+Requests: a JSON inference header, optionally followed (binary tensor data extension) by the raw
+bytes of the inputs that carry `parameters.binary_data_size`, in input order; the header's length
+is then given by the `Inference-Header-Content-Length` HTTP header. Binary inputs become numpy
+views over the body (no copy). Responses: JSON, or JSON followed by the raw bytes of the outputs
+sent in binary (`binary_data` on a requested output, else the request's `binary_data_output`).
+
+Only the wire format is checked here; everything about the model (names, datatypes, shapes
+against its config) is the host's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import orjson
+
+from host import datatypes
+from host.errors import InternalError, InvalidArgumentError, UnsupportedError
+from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+_INTEGER = frozenset(("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"))
+_NOT_IN_JSON = frozenset(("FP16", "BF16"))
+_EXPECTED = {"BOOL": "boolean (true/false)", "FP32": "number", "FP64": "number"}
+_LIMITS = {dt: np.iinfo(datatypes.to_numpy(dt)) for dt in _INTEGER}
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(slots=True)
+class OutputFormat:
+    """How each output goes back: in binary or as JSON `data`."""
+
+    default_binary: bool = False
+    binary: dict[str, bool] = field(default_factory=dict)
+
+    def is_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.default_binary)
+
+
+# --- JSON helpers ----------------------------------------------------------------------------
+
+def load_json(buf: bytes | memoryview) -> Any:
+    try:
+        return orjson.loads(buf)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+def dump_json(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=_JSON_OPTS, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):  # one orjson does not take as is (not contiguous, big-endian)
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        raise UnsupportedError("parameters of type bytes cannot be sent in a JSON response")
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _flatten(data: Iterable[Any]) -> Iterator[Any]:
+    for item in data:
+        if isinstance(item, list):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
+def json_values(name: str, datatype: str, data: list, what: str = "input") -> np.ndarray:
+    """A flat array of the elements of JSON `data` (a list, flat or nested) as `datatype`."""
+    if datatype == "BYTES":
+        items = []
+        for value in _flatten(data):
+            if type(value) is not str:
+                raise InvalidArgumentError(
+                    f"Unable to parse 'data' of {what} '{name}': BYTES elements must be strings")
+            items.append(value.encode("utf-8"))
+        return datatypes.bytes_array(items, (len(items),))
+    if datatype in _NOT_IN_JSON:
+        raise InvalidArgumentError(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for {what} '{name}'")
+    dtype = datatypes.to_numpy(datatype)
+    if not data:
+        return np.empty(0, dtype)
+    try:
+        arr = np.array(data)
+    except (ValueError, OverflowError):  # ragged nesting: count the elements anyway
+        try:
+            arr = np.array(list(_flatten(data)))
+        except (ValueError, OverflowError):
+            arr = np.empty(0, np.object_)
+    kind = arr.dtype.kind
+    if datatype in _INTEGER:
+        ok = kind in "iu"
+        if not ok and kind in "fO":  # ints beyond int64 make numpy choose float64 or object
+            return _big_integers(name, datatype, dtype, data, what)
+    elif datatype == "BOOL":
+        ok = kind == "b"
+    else:
+        ok = kind in "iuf"
+    if not ok:
+        expected = _EXPECTED.get(datatype, "integer")
+        raise InvalidArgumentError(
+            f"Unable to parse 'data' of {what} '{name}': expected {expected} values for "
+            f"datatype {datatype}")
+    if datatype in _INTEGER:
+        info = _LIMITS[datatype]
+        if arr.min() < info.min or arr.max() > info.max:
+            raise InvalidArgumentError(
+                f"Unable to parse 'data' of {what} '{name}': value out of range for datatype "
+                f"{datatype}")
+    return arr.reshape(-1).astype(dtype, copy=False)
+
+
+def _big_integers(name: str, datatype: str, dtype: np.dtype, data: list, what: str) -> np.ndarray:
+    flat = list(_flatten(data))
+    if not all(type(v) is int for v in flat):
+        raise InvalidArgumentError(
+            f"Unable to parse 'data' of {what} '{name}': expected integer values for datatype {datatype}")
+    try:
+        return np.array(flat, dtype=dtype)
+    except OverflowError:
+        raise InvalidArgumentError(
+            f"Unable to parse 'data' of {what} '{name}': value out of range for datatype "
+            f"{datatype}") from None
+
+
+def json_to_array(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
+    if not isinstance(data, list):
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected an array")
+    flat = json_values(name, datatype, data)
+    count = datatypes.element_count(shape)
+    if flat.size != count:
+        raise InvalidArgumentError(
+            f"Unable to parse 'data' of input '{name}': shape {shape} needs {count} elements, "
+            f"but 'data' holds {flat.size}")
+    return flat.reshape(shape)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else str(value)
+
+
+def output_array(t: Tensor) -> np.ndarray:
+    """The output's data as an array of the wire dtype, checked against its shape."""
+    arr = t.data if isinstance(t.data, np.ndarray) else np.asarray(t.data)
+    if t.datatype != "BYTES":
+        want = datatypes.to_numpy(t.datatype)
+        if arr.dtype != want:
+            arr = arr.astype(want)
+    if arr.size != datatypes.element_count(t.shape):
+        raise InternalError(f"output tensor shape does not match size of output for '{t.name}'")
+    return arr
+
+
+def json_data(t: Tensor, arr: np.ndarray) -> Any:
+    """The flat JSON `data` of an output: an array orjson writes as is, or a list of str."""
+    if t.datatype == "BYTES":
+        return [_text(v) for v in arr.reshape(-1)]
+    if t.datatype in _NOT_IN_JSON:
+        raise InvalidArgumentError(
+            f"sending {t.datatype} data via JSON is not supported. Please use the binary data "
+            f"format for output '{t.name}'")
+    flat = arr.reshape(-1)
+    if not flat.dtype.isnative or not flat.flags.c_contiguous:
+        flat = np.ascontiguousarray(flat, flat.dtype.newbyteorder("="))
+    return flat
+
+
+# --- request ---------------------------------------------------------------------------------
+
+def parse_header_length(value: str | None, body_length: int) -> int | None:
+    """The `Inference-Header-Content-Length` header: None when absent (JSON-only body)."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"Unable to parse {HEADER_LENGTH}, got: {value}") from None
+    if n < 0 or n > body_length:
+        raise InvalidArgumentError(
+            f"inference header size should be in range (0, {body_length}), got: {value}")
+    if n == 0:
+        raise UnsupportedError(
+            f"raw binary requests ({HEADER_LENGTH}: 0) are not supported; send a JSON "
+            "inference header")
+    return n
+
+
+def _nonneg_int(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _check_parameter(key: str, value: Any) -> None:
+    if type(value) not in (str, int, bool, float):
+        raise InvalidArgumentError(
+            f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+
+def request_parameters(params: Any) -> tuple[dict[str, Any], bool]:
+    """The request's parameters for the host, and the `binary_data_output` flag."""
+    if params is None:
+        return {}, False
+    if not isinstance(params, dict):
+        raise InvalidArgumentError("Unable to parse 'parameters': expected an object")
+    out: dict[str, Any] = {}
+    binary = False
+    for key, value in params.items():
+        if key == "binary_data_output":
+            if type(value) is not bool:
+                raise InvalidArgumentError("Unable to parse 'binary_data_output': expected a boolean")
+            binary = value
+            continue
+        if key == "sequence_id":
+            if not (_nonneg_int(value) or type(value) is str):
+                raise InvalidArgumentError(
+                    "Unable to parse 'sequence_id': expected an unsigned integer or a string")
+        elif key in ("sequence_start", "sequence_end"):
+            if type(value) is not bool:
+                raise InvalidArgumentError(f"Unable to parse '{key}': expected a boolean")
+        elif key in ("priority", "timeout"):
+            if not _nonneg_int(value):
+                raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned integer")
+        elif key.startswith("triton_"):
+            raise InvalidArgumentError(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                "not be specified.")
+        else:
+            _check_parameter(key, value)
+        out[key] = value
+    return out, binary
+
+
+def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_header: bool,
+                  model_name: str) -> tuple[Tensor, int]:
+    if not isinstance(item, dict):
+        raise InvalidArgumentError(f"Unable to parse 'inputs': element {index} is not an object")
+    name = item.get("name")
+    if type(name) is not str:
+        raise InvalidArgumentError(f"Unable to parse 'name' of input {index}: expected a string")
+    datatype = item.get("datatype")
+    if type(datatype) is not str:
+        raise InvalidArgumentError(f"Unable to parse 'datatype' of input '{name}': expected a string")
+    if not datatypes.is_valid(datatype):
+        raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+    shape = item.get("shape")
+    if type(shape) is not list:
+        shape = None
+    else:
+        for d in shape:
+            if type(d) is not int or d < 0:
+                shape = None
+                break
+    if shape is None:
+        raise InvalidArgumentError(
+            f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+    params = item.get("parameters")
+    if params is None:
+        params = {}
+    elif not isinstance(params, dict):
+        raise InvalidArgumentError(f"Unable to parse 'parameters' of input '{name}': expected an object")
+    has_data = "data" in item
+    has_binary = "binary_data_size" in params
+    has_shm = "shared_memory_region" in params
+    if has_data + has_binary + has_shm != 1:
+        given = [f"'{k}'" for k, on in (("data", has_data), ("binary_data_size", has_binary),
+                                         ("shared_memory_region", has_shm)) if on]
+        raise InvalidArgumentError(
+            f"Input '{name}' must set only one of the following fields: 'data', 'binary_data_size' "
+            "in 'parameters', 'shared_memory_region' in 'parameters'. But "
+            + (("set " + " ".join(given)) if given else "no field is set"))
+    if has_shm:
+        raise UnsupportedError(f"input '{name}': shared memory is not supported by this server")
+
+    if has_binary:
+        size = params["binary_data_size"]
+        if not _nonneg_int(size):
+            raise InvalidArgumentError(
+                f"Unable to parse 'binary_data_size' of input '{name}': expected an unsigned integer")
+        if not has_header:
+            raise InvalidArgumentError(
+                f"must specify valid '{HEADER_LENGTH}' in request header and 'binary_data_size' "
+                "when passing inputs in binary data format")
+        end = offset + size
+        if end > len(view):
+            raise InvalidArgumentError(
+                f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
+                f"for model '{model_name}'")
+        if datatype == "BYTES":
+            try:
+                data = datatypes.array_from_buffer(datatype, shape, view[offset:end])
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
+        else:
+            count = datatypes.element_count(shape)
+            expected = datatypes.element_size(datatype) * count
+            if size != expected:
+                raise InvalidArgumentError(
+                    f"input byte size mismatch for input '{name}' for model '{model_name}'. "
+                    f"Expected {expected}, got {size}")
+            data = np.frombuffer(view[offset:end], datatypes.to_numpy(datatype), count).reshape(shape)
+        offset = end
+        extra = {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
+    else:
+        data = json_to_array(name, datatype, item["data"], shape)
+        extra = dict(params)
+    return Tensor(name, datatype, shape, data, extra), offset
+
+
+def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, bool]]:
+    if outputs is None:
+        return [], {}
+    if not isinstance(outputs, list):
+        raise InvalidArgumentError("Unable to parse 'outputs': expected an array")
+    requested: list[RequestedOutput] = []
+    binary: dict[str, bool] = {}
+    for index, item in enumerate(outputs):
+        if not isinstance(item, dict):
+            raise InvalidArgumentError(f"Unable to parse 'outputs': element {index} is not an object")
+        name = item.get("name")
+        if type(name) is not str:
+            raise InvalidArgumentError(f"Unable to parse 'name' of output {index}: expected a string")
+        if name in binary:
+            raise InvalidArgumentError(f"output '{name}' already exists in request")
+        params = item.get("parameters")
+        extra: dict[str, Any] = {}
+        is_binary = None
+        if params is not None:
+            if not isinstance(params, dict):
+                raise InvalidArgumentError(
+                    f"Unable to parse 'parameters' of output '{name}': expected an object")
+            for key, value in params.items():
+                if key == "binary_data":
+                    if type(value) is not bool:
+                        raise InvalidArgumentError(
+                            f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
+                    is_binary = value
+                elif key == "classification":
+                    if value:
+                        raise UnsupportedError(
+                            f"output '{name}': the classification extension is not supported by "
+                            "this server")
+                elif key.startswith("shared_memory_"):
+                    raise UnsupportedError(
+                        f"output '{name}': shared memory is not supported by this server")
+                else:
+                    extra[key] = value
+        binary[name] = is_binary  # type: ignore[assignment]
+        requested.append(RequestedOutput(name, extra))
+    return requested, {k: v for k, v in binary.items() if v is not None}
+
+
+def decode_infer_request(body: bytes | memoryview, header_length: int | None, model_name: str,
+                         model_version: int = -1) -> tuple[InferenceRequest, OutputFormat]:
+    """Decode an infer request body; `header_length` from `Inference-Header-Content-Length`."""
+    view = memoryview(body)
+    end = len(view) if header_length is None else header_length
+    doc = load_json(view[:end])
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("the inference request JSON must be an object")
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise InvalidArgumentError("Unable to parse 'id': expected a string")
+    parameters, default_binary = request_parameters(doc.get("parameters"))
+    inputs_json = doc.get("inputs")
+    if not isinstance(inputs_json, list):
+        raise InvalidArgumentError("Unable to parse 'inputs': expected an array")
+    inputs: dict[str, Tensor] = {}
+    offset = end
+    has_header = header_length is not None
+    for index, item in enumerate(inputs_json):
+        tensor, offset = _decode_input(item, index, view, offset, has_header, model_name)
+        if tensor.name in inputs:
+            raise InvalidArgumentError(f"input '{tensor.name}' already exists in request")
+        inputs[tensor.name] = tensor
+    if offset != len(view):
+        raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
+    outputs, binary = _requested_outputs(doc.get("outputs"))
+    request = InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
+                               inputs=inputs, outputs=outputs, parameters=parameters)
+    return request, OutputFormat(default_binary, binary)
+
+
+# --- response --------------------------------------------------------------------------------
+
+def encode_infer_response(response: InferenceResponse, fmt: OutputFormat,
+                          request_id: str = "") -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary data follows it (else None)."""
+    doc: dict[str, Any] = {}
+    rid = response.id or request_id
+    if rid:
+        doc["id"] = rid
+    doc["model_name"] = response.model_name
+    doc["model_version"] = str(response.model_version)
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    outputs = []
+    blobs: list[bytes | memoryview] = []
+    for t in response.outputs:
+        arr = output_array(t)
+        out: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if fmt.is_binary(t.name):
+            raw = datatypes.array_to_bytes(t.datatype, arr)
+            size = len(raw)
+            out["parameters"] = {**t.parameters, "binary_data_size": size} if t.parameters \
+                else {"binary_data_size": size}
+            if size:
+                blobs.append(raw)
+        else:
+            if t.parameters:
+                out["parameters"] = t.parameters
+            out["data"] = json_data(t, arr)
+        outputs.append(out)
+    doc["outputs"] = outputs
+    header = dump_json(doc)
+    if not blobs:
+        return header, None
+    blobs.insert(0, header)
+    return b"".join(blobs), len(header)

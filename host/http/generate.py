@@ -1,0 +1,118 @@
+"""Triton's generate extension (`/generate`, `/generate_stream`): request/response JSON and SSE.
+
+As in Triton's http_server.cc: every top-level key of the request object, and every key of its
+`parameters` object, that names a model input becomes that input (datatype and shape from the
+model's metadata, the values' count spread over the shape: fixed dimensions divide it, the
+innermost variable dimension takes the rest, other variable dimensions are 1); every other key
+becomes a request parameter (string, number or boolean). `id` is the request id.
+A response is one JSON object: `id` (when set), `model_name`, `model_version`, the response's
+parameters, and each output by name (a scalar when it holds one element, else a flat list;
+BYTES as text).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from host.errors import InvalidArgumentError, UnsupportedError
+from host.http.codec import dump_json, json_data, json_values, output_array, request_parameters
+from host.http.status import error_body
+from host.inference import InferenceRequest, InferenceResponse, Tensor
+
+CONTENT_TYPE_SSE = "text/event-stream; charset=utf-8"
+SINGLE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for "
+                   "model that generates various number of responses")
+
+
+def fit_shape(name: str, model_shape: list[int], count: int) -> list[int]:
+    """Spread `count` elements over the model's input shape (-1: variable dimension)."""
+    shape = list(model_shape)
+    rest = count
+    for d in reversed(shape):
+        if d != -1:
+            if d <= 0 or rest % d:
+                raise InvalidArgumentError(
+                    f"The schema can not convert input '{name}' to tensor with proper shape")
+            rest //= d
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == -1:
+            shape[i] = rest
+            rest = 1
+    if rest != 1:
+        raise InvalidArgumentError(
+            f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
+
+
+def _tensor(name: str, value: Any, meta: dict[str, Any]) -> Tensor:
+    datatype = meta["datatype"]
+    values = value if isinstance(value, list) else [value]
+    flat = json_values(name, datatype, values)
+    shape = fit_shape(name, meta["shape"], flat.size)
+    return Tensor(name, datatype, shape, flat.reshape(shape))
+
+
+def decode_generate_request(doc: Any, metadata: dict[str, Any], model_name: str,
+                            model_version: int = -1) -> InferenceRequest:
+    """A generate request object -> InferenceRequest, given the model's metadata."""
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("the generate request JSON must be an object")
+    inputs_meta = {m["name"]: m for m in metadata.get("inputs", ())}
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise InvalidArgumentError("Unable to parse 'id': expected a string")
+    inputs: dict[str, Tensor] = {}
+    loose: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key == "parameters":
+            if "parameters" in inputs_meta:
+                raise InvalidArgumentError(
+                    "Keyword 'parameters' for nested schema also given as input tensor name")
+            if not isinstance(value, dict):
+                raise InvalidArgumentError("Expected JSON object for keyword: 'parameters'")
+            for pkey, pvalue in value.items():
+                if pkey in inputs_meta:
+                    inputs[pkey] = _tensor(pkey, pvalue, inputs_meta[pkey])
+                else:
+                    loose[pkey] = pvalue
+        elif key in inputs_meta:
+            inputs[key] = _tensor(key, value, inputs_meta[key])
+        elif key != "id":
+            loose[key] = value
+    parameters, _ = request_parameters(loose)
+    return InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
+                            inputs=inputs, parameters=parameters)
+
+
+def generate_response_dict(response: InferenceResponse, request_id: str = "") -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    rid = response.id or request_id
+    if rid:
+        doc["id"] = rid
+    doc["model_name"] = response.model_name
+    doc["model_version"] = str(response.model_version)
+    for key, value in response.parameters.items():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raise UnsupportedError(
+                f"Response parameter '{key}' has type 'TRITONSERVER_PARAMETER_BYTES' which is not "
+                "currently supported")
+        doc[key] = value
+    for t in response.outputs:
+        values = json_data(t, output_array(t))
+        if not isinstance(values, list):
+            values = values.tolist()
+        doc[t.name] = values[0] if len(values) == 1 else values
+    return doc
+
+
+def encode_generate_response(response: InferenceResponse, request_id: str = "") -> bytes:
+    return dump_json(generate_response_dict(response, request_id))
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One server-sent event carrying a JSON payload."""
+    return b"data: " + payload + b"\n\n"
+
+
+def sse_error(message: str) -> bytes:
+    return sse_event(error_body(message))

@@ -1,0 +1,460 @@
+"""A small HTTP/1.1 WSGI server for the front end: one thread per connection, no hand-offs.
+
+gunicorn's gthread worker passes every keep-alive request from its poller thread to a pool thread
+and back (two thread switches and a re-registration per request), which on a small machine costs
+more than the whole inference of a small model. Here the connection's own thread reads the request
+(parsed by gunicorn_h1c's C parser, a gunicorn[fast] dependency), calls the app and writes the
+response, so a client at concurrency 1 meets no thread switch in the server at all.
+
+Supported: keep-alive and pipelining, Content-Length and chunked request bodies (read lazily: the
+app decides how much to read, and refuses too large ones before they are read), `Expect:
+100-continue`, Content-Length and chunked (streamed, e.g. server-sent events) responses, graceful
+shutdown. Not supported: TLS, HTTP/2, upgrades (use a proxy in front for those).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+from typing import Any, Callable, Iterable
+from urllib.parse import unquote_to_bytes
+
+from gunicorn_h1c import IncompleteError, ParseError, parse_to_wsgi_environ
+
+log = logging.getLogger("host.http.server")
+
+WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
+
+MAX_HEADER_BYTES = 64 * 1024
+_RECV = 256 * 1024
+_SMALL_RESPONSE = 64 * 1024
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_NO_BODY_STATUS = ("1", "204", "304")
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class _Body:
+    """`wsgi.input`: the request body, read from the socket only when the app asks for it."""
+
+    __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure")
+
+    def __init__(self, conn: "_Connection", length: int, chunked: bool, expect_continue: bool) -> None:
+        self._conn = conn
+        self._buf = b""  # body bytes already received, not yet given to the app (chunked only)
+        self._remaining = length  # Content-Length bodies: bytes still to give
+        self._chunked = chunked
+        self._done = not chunked and length == 0
+        self._continue = expect_continue and not self._done
+        # What went wrong reading the body (the app only sees an exception): the server answers
+        # for it instead of the app once the app returns.
+        self.failure: Exception | None = None
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return self._read(size)
+        except (_BadRequest, _ClientGone) as exc:
+            self.failure = exc
+            raise
+
+    def _read(self, size: int | None) -> bytes:
+        if self._done and not self._buf:
+            return b""
+        if self._continue:
+            self._continue = False
+            self._conn.send(_CONTINUE)
+        if self._chunked:
+            return self._read_chunked(size)
+        n = self._remaining if size is None or size < 0 else min(size, self._remaining)
+        data = self._conn.read_exact(n)
+        self._remaining -= n
+        self._done = self._remaining == 0
+        return data
+
+    def _read_chunked(self, size: int | None) -> bytes:
+        want = None if size is None or size < 0 else size
+        parts = [self._buf] if self._buf else []
+        have = len(self._buf)
+        self._buf = b""
+        while not self._done and (want is None or have < want):
+            line = self._conn.read_line()
+            try:
+                length = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _BadRequest("invalid chunk size") from None
+            if length == 0:
+                while self._conn.read_line():  # trailers, up to the empty line
+                    pass
+                self._done = True
+                break
+            parts.append(self._conn.read_exact(length))
+            if self._conn.read_exact(2) != b"\r\n":
+                raise _BadRequest("invalid chunk terminator")
+            have += length
+        data = b"".join(parts)
+        if want is not None and len(data) > want:
+            data, self._buf = data[:want], data[want:]
+        return data
+
+    def readline(self, size: int | None = -1) -> bytes:  # WSGI asks for it; bodies here are not lines
+        return self.read(size)
+
+    def readlines(self, hint: int | None = None) -> list[bytes]:
+        data = self.read()
+        return [data] if data else []
+
+    def __iter__(self):
+        data = self.read()
+        return iter([data] if data else [])
+
+    def skippable(self) -> bool:
+        """Whether what the app left unread can be skipped to reuse the connection: not when the
+        client still waits for 100 Continue, nor for a large body (cheaper to close)."""
+        return not self._continue and (self._chunked or self._remaining <= 16 * _RECV)
+
+    def finish(self) -> bool:
+        """Skip what the app left unread; False when the connection cannot be reused."""
+        if not self.skippable():
+            return False
+        try:
+            while not (self._done and not self._buf):
+                self._buf = b""
+                self._read(_RECV)
+        except (_ClientGone, _BadRequest, OSError):
+            return False
+        return True
+
+
+class _Connection:
+    __slots__ = ("sock", "pending", "server_addr", "client_addr")
+
+    def __init__(self, sock: socket.socket, server_addr: tuple, client_addr: tuple) -> None:
+        self.sock = sock
+        self.pending = b""  # received, not yet consumed
+        self.server_addr = server_addr
+        self.client_addr = client_addr
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise _ClientGone() from exc
+
+    def recv(self) -> bytes:
+        try:
+            data = self.sock.recv(_RECV)
+        except OSError as exc:
+            raise _ClientGone() from exc
+        if not data:
+            raise _ClientGone()
+        return data
+
+    def read_exact(self, n: int) -> bytes:
+        pending = self.pending
+        if len(pending) >= n:
+            self.pending = pending[n:] if len(pending) > n else b""
+            return pending[:n] if len(pending) > n else pending
+        parts = [pending]
+        have = len(pending)
+        self.pending = b""
+        while have < n:
+            try:
+                chunk = self.sock.recv(min(n - have, 4 * 1024 * 1024))
+            except OSError as exc:
+                raise _ClientGone() from exc
+            if not chunk:
+                raise _ClientGone()
+            parts.append(chunk)
+            have += len(chunk)
+        return b"".join(parts)
+
+    def read_line(self) -> bytes:
+        while b"\r\n" not in self.pending:
+            if len(self.pending) > MAX_HEADER_BYTES:
+                raise _BadRequest("line too long")
+            self.pending += self.recv()
+        line, self.pending = self.pending.split(b"\r\n", 1)
+        return line
+
+    def read_environ(self) -> dict | None:
+        """The next request's environ, or None when the client closed between requests."""
+        data = self.pending
+        while True:
+            if data:
+                try:
+                    env = parse_to_wsgi_environ(data, self.server_addr, self.client_addr)
+                    break
+                except IncompleteError:
+                    if len(data) > MAX_HEADER_BYTES:
+                        raise _BadRequest("request headers too large") from None
+                except ParseError as exc:
+                    raise _BadRequest(str(exc) or type(exc).__name__) from None
+            try:
+                chunk = self.sock.recv(_RECV)
+            except OSError:
+                return None
+            if not chunk:
+                if data:
+                    raise _ClientGone()
+                return None
+            data = data + chunk if data else chunk
+        consumed = env.pop("_consumed")
+        self.pending = data[consumed:]
+        return env
+
+
+def _status_has_body(status: str) -> bool:
+    return not status.startswith(_NO_BODY_STATUS)
+
+
+class HTTPServer:
+    """`HTTPServer(app, host, port).serve_forever()`; `shutdown()` from another thread."""
+
+    def __init__(self, app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, *, backlog: int = 1024,
+                 max_connections: int = 1024, keepalive_timeout: float = 120.0) -> None:
+        self.app = app
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.socket.listen(backlog)
+        self.address = self.socket.getsockname()[:2]
+        self.keepalive_timeout = keepalive_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, bool] = {}  # socket -> busy with a request
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._base_env = {
+            "wsgi.version": (1, 0), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
+            "wsgi.multiprocess": False, "wsgi.run_once": False, "SCRIPT_NAME": "",
+            "SERVER_SOFTWARE": "modelhost",
+        }
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._slots.acquire()
+                try:
+                    sock, client = self.socket.accept()
+                except OSError:
+                    self._slots.release()
+                    if self._stopping.is_set():
+                        break
+                    log.exception("accept failed")
+                    continue
+                if self._stopping.is_set():
+                    sock.close()
+                    self._slots.release()
+                    break
+                threading.Thread(target=self._serve, args=(sock, client), daemon=True,
+                                 name=f"http-{client[1] if len(client) > 1 else ''}").start()
+        finally:
+            self._stopped.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop accepting, let requests in progress finish (up to `timeout`), close idle connections."""
+        self._stopping.set()
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.socket.close()
+        self._stopped.wait(timeout)
+        deadline = threading.Event()
+        waited = 0.0
+        while True:
+            with self._lock:
+                for sock, busy in self._connections.items():
+                    if not busy:
+                        _shutdown_socket(sock)
+                left = len(self._connections)
+            if not left or waited >= timeout:
+                break
+            deadline.wait(0.05)
+            waited += 0.05
+        with self._lock:
+            for sock in self._connections:
+                _shutdown_socket(sock)
+
+    # --- one connection --------------------------------------------------------------------------
+    def _serve(self, sock: socket.socket, client: tuple) -> None:
+        with self._lock:
+            self._connections[sock] = False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.keepalive_timeout)
+            conn = _Connection(sock, self.address, client[:2])
+            while not self._stopping.is_set():
+                try:
+                    env = conn.read_environ()
+                except _BadRequest as exc:
+                    _reply_error(conn, "400 Bad Request", str(exc))
+                    return
+                except _ClientGone:
+                    return
+                if env is None:
+                    return
+                with self._lock:
+                    self._connections[sock] = True
+                try:
+                    keep_alive = self._handle(conn, env)
+                except _BadRequest as exc:
+                    _reply_error(conn, "400 Bad Request", str(exc))
+                    return
+                except _ClientGone:
+                    return
+                finally:
+                    with self._lock:
+                        self._connections[sock] = False
+                if not keep_alive:
+                    return
+        except Exception:  # noqa: BLE001 - a connection's failure must not reach the accept loop
+            log.exception("connection from %s failed", client)
+        finally:
+            with self._lock:
+                self._connections.pop(sock, None)
+            try:
+                sock.close()
+            finally:
+                self._slots.release()
+
+    def _handle(self, conn: _Connection, env: dict) -> bool:
+        """Run one request; True when the connection stays open."""
+        env.update(self._base_env)
+        path = env["PATH_INFO"]
+        if "%" in path:
+            env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
+        http11 = env["SERVER_PROTOCOL"] == "HTTP/1.1"
+        connection = env.get("HTTP_CONNECTION", "").lower()
+        keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
+        chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if chunked:
+            env.pop("CONTENT_LENGTH", None)
+            length = 0
+        else:
+            try:
+                length = int(env.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                raise _BadRequest("invalid Content-Length") from None
+            if length < 0:
+                raise _BadRequest("invalid Content-Length")
+        expect = env.get("HTTP_EXPECT", "").lower() == "100-continue"
+        body = _Body(conn, length, chunked, expect)
+        env["wsgi.input"] = body
+
+        state: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None):
+            if exc_info and state.get("sent"):
+                raise exc_info[1].with_traceback(exc_info[2])
+            state["status"], state["headers"] = status, headers
+            return _no_write
+
+        result = self.app(env, start_response)
+        if body.failure is not None:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise body.failure
+        try:
+            keep_alive = self._respond(conn, env, state, result, http11, keep_alive and body.skippable())
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        return body.finish() and keep_alive and not self._stopping.is_set()
+
+    def _respond(self, conn: _Connection, env: dict, state: dict, result: Iterable[bytes],
+                 http11: bool, keep_alive: bool) -> bool:
+        status: str = state["status"]
+        headers = state["headers"]
+        length = None
+        for name, value in headers:
+            lname = name.lower()
+            if lname == "content-length":
+                length = value
+            elif lname == "connection" and value.lower() == "close":
+                keep_alive = False
+        head_only = env["REQUEST_METHOD"] == "HEAD" or not _status_has_body(status)
+        lines = [f"HTTP/1.1 {status}\r\n"]
+        lines.extend(f"{name}: {value}\r\n" for name, value in headers)
+        if isinstance(result, (list, tuple)) and (len(result) <= 1 or length is not None):
+            data = result[0] if len(result) == 1 else b"".join(result)
+            if length is None and not head_only:
+                lines.append(f"Content-Length: {len(data)}\r\n")
+            lines.append(_connection_header(keep_alive, http11))
+            head = "".join(lines).encode("latin-1")
+            state["sent"] = True
+            if head_only or not data:
+                conn.send(head)
+            elif len(data) < _SMALL_RESPONSE:
+                conn.send(head + data)
+            else:
+                conn.send(head)
+                conn.send(data)
+            return keep_alive
+        # A streamed body (server-sent events): chunked on HTTP/1.1, else until the connection closes.
+        use_chunks = length is None and http11 and not head_only
+        if use_chunks:
+            lines.append("Transfer-Encoding: chunked\r\n")
+        elif length is None:
+            keep_alive = False
+        lines.append(_connection_header(keep_alive, http11))
+        conn.send("".join(lines).encode("latin-1"))
+        state["sent"] = True
+        for chunk in result:
+            if not chunk or head_only:
+                continue
+            conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if use_chunks else chunk)
+        if use_chunks:
+            conn.send(b"0\r\n\r\n")
+        return keep_alive
+
+
+def _connection_header(keep_alive: bool, http11: bool) -> str:
+    """The end of the response head, saying when the connection does not do its version's default."""
+    if not keep_alive:
+        return "Connection: close\r\n\r\n"
+    return "\r\n" if http11 else "Connection: keep-alive\r\n\r\n"
+
+
+def _no_write(data: bytes) -> None:
+    raise NotImplementedError("the write() callable is not supported; return an iterable")
+
+
+def _reply_error(conn: _Connection, status: str, message: str) -> None:
+    body = ('{"error":"%s"}' % message.replace("\\", "\\\\").replace('"', '\\"')).encode()
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode("latin-1")
+    try:
+        conn.send(head + body)
+    except _ClientGone:
+        pass
+
+
+def _shutdown_socket(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def serve(app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, **kwargs: Any) -> HTTPServer:
+    """Start serving `app` on a background thread; returns the server (call `shutdown()` to stop)."""
+    server = HTTPServer(app, host, port, **kwargs)
+    threading.Thread(target=server.serve_forever, name="http-accept", daemon=True).start()
+    return server

@@ -1,0 +1,603 @@
+"""Unit tests of the HTTP front end's pure parts: the infer codec (against tritonclient's own request
+builder and response parser), the generate codec and SSE framing, request bodies and compression,
+and the one error-code -> HTTP-status table."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from host.errors import (AlreadyExistsError, CancelledError, Code, HostError, InternalError,
+                         InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError)
+from host.http import body as body_mod
+from host.http import codec, generate
+from host.http.status import error_body, http_status, status_line
+from host.inference import InferenceResponse, Tensor
+
+Client = httpclient.InferenceServerClient
+
+# datatype -> a sample array of that type (2 x 3, values that exercise the type's range)
+SAMPLES = {
+    "BOOL": np.array([[True, False, True], [False, False, True]]),
+    "UINT8": np.array([[0, 1, 255], [7, 8, 9]], dtype=np.uint8),
+    "UINT16": np.array([[0, 1, 65535], [7, 8, 9]], dtype=np.uint16),
+    "UINT32": np.array([[0, 1, 2**32 - 1], [7, 8, 9]], dtype=np.uint32),
+    "UINT64": np.array([[0, 1, 2**64 - 1], [7, 8, 9]], dtype=np.uint64),
+    "INT8": np.array([[-128, 0, 127], [7, -8, 9]], dtype=np.int8),
+    "INT16": np.array([[-32768, 0, 32767], [7, -8, 9]], dtype=np.int16),
+    "INT32": np.array([[-2**31, 0, 2**31 - 1], [7, -8, 9]], dtype=np.int32),
+    "INT64": np.array([[-2**63, 0, 2**63 - 1], [7, -8, 9]], dtype=np.int64),
+    "FP16": np.array([[0.5, -1.25, 65504], [1e-3, 0, 3]], dtype=np.float16),
+    "FP32": np.array([[0.1, -1.25, 3.4e38], [1e-30, 0, 3]], dtype=np.float32),
+    "FP64": np.array([[0.1, -1.25, 1.7e308], [5e-324, 0, 3]], dtype=np.float64),
+    "BF16": np.array([[0.5, -1.25, 3.0], [1.0, 0, 256]], dtype=ml_dtypes.bfloat16),
+    "BYTES": np.array([[b"\x00", b"a\x00b", b"trailing\x00\x00"], [b"", bytes(range(256)), b"\xff\xfe"]],
+                      dtype=np.object_),  # fmt: skip
+}
+JSON_TYPES = [t for t in SAMPLES if t not in ("FP16", "BF16")]
+TEXT_BYTES = np.array([["hello", "wörld", ""], ["a\x00b", "x", "\x00"]], dtype=np.object_)
+
+
+def _input(name, array, datatype, binary):
+    tensor = httpclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    return tensor
+
+
+def _decode(inputs, outputs=None, **kwargs):
+    body, header_length = Client.generate_request_body(inputs, outputs=outputs, **kwargs)
+    return codec.decode_infer_request(body, header_length, "model", 3) + (body,)
+
+
+def _roundtrip(response, fmt):
+    """Encode a response and read it back with tritonclient's own parser."""
+    data, header_length = codec.encode_infer_response(response, fmt)
+    return Client.parse_response_body(data, header_length=header_length), data, header_length
+
+
+def _same(a, b):
+    assert a.shape == b.shape
+    if a.dtype == np.object_:
+        assert a.tolist() == b.tolist()
+    else:
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a.astype(np.float64) if a.dtype == ml_dtypes.bfloat16 else a,
+                                      b.astype(np.float64) if b.dtype == ml_dtypes.bfloat16 else b)
+
+
+# --- status table --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error, status", [
+    (InternalError("x"), 500), (NotFoundError("x"), 404), (UnavailableError("x"), 503),
+    (UnsupportedError("x"), 501), (InvalidArgumentError("x"), 400), (AlreadyExistsError("x"), 400),
+    (CancelledError("x"), 400), (HostError("x"), 400),
+])  # fmt: skip
+def test_status_table_follows_triton(error, status):
+    assert http_status(error.code) == status
+    assert status_line(error.code).startswith(f"{status} ")
+
+
+def test_every_code_has_a_status():
+    for code in Code:
+        assert http_status(code) in (400, 404, 500, 501, 503)
+
+
+def test_error_body():
+    assert json.loads(error_body('bad "thing"\n')) == {"error": 'bad "thing"\n'}
+
+
+# --- infer requests: every datatype ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", list(SAMPLES))
+def test_binary_input_every_datatype(datatype):
+    sample = SAMPLES[datatype]
+    request, fmt, body = _decode([_input("IN", sample, datatype, True)])
+    tensor = request.inputs["IN"]
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("IN", datatype, [2, 3])
+    _same(tensor.data, sample)
+    assert tensor.parameters == {}
+    if datatype != "BYTES":  # fixed-size data is a view over the request body, not a copy
+        assert np.shares_memory(tensor.data, np.frombuffer(body, np.uint8))
+
+
+@pytest.mark.parametrize("datatype", JSON_TYPES)
+def test_json_input_every_datatype(datatype):
+    sample = TEXT_BYTES if datatype == "BYTES" else SAMPLES[datatype]
+    request, _, _ = _decode([_input("IN", sample, datatype, False)])
+    tensor = request.inputs["IN"]
+    assert tensor.shape == [2, 3]
+    if datatype == "BYTES":
+        assert tensor.data.tolist() == [[s.encode() for s in row] for row in TEXT_BYTES.tolist()]
+    else:
+        _same(tensor.data, sample)
+
+
+@pytest.mark.parametrize("datatype", list(SAMPLES))
+def test_binary_output_every_datatype(datatype):
+    sample = SAMPLES[datatype]
+    response = InferenceResponse("model", "3", "", [Tensor("OUT", datatype, [2, 3], sample)])
+    result, data, header_length = _roundtrip(response, codec.OutputFormat(default_binary=True))
+    _same(result.as_numpy("OUT"), sample)
+    out = result.get_output("OUT")
+    assert out["datatype"] == datatype and out["shape"] == [2, 3]
+    assert out["parameters"]["binary_data_size"] == len(data) - header_length
+    assert "data" not in out
+
+
+@pytest.mark.parametrize("datatype", JSON_TYPES)
+def test_json_output_every_datatype(datatype):
+    sample = TEXT_BYTES if datatype == "BYTES" else SAMPLES[datatype]
+    array = np.array([[s.encode() for s in r] for r in TEXT_BYTES.tolist()], dtype=np.object_) \
+        if datatype == "BYTES" else sample
+    response = InferenceResponse("model", "3", "", [Tensor("OUT", datatype, [2, 3], array)])
+    result, data, header_length = _roundtrip(response, codec.OutputFormat())
+    assert header_length is None
+    out = json.loads(data)["outputs"][0]
+    assert "parameters" not in out and len(out["data"]) == 6
+    got = result.as_numpy("OUT")
+    if datatype == "BYTES":
+        assert got.tolist() == TEXT_BYTES.tolist()
+    elif datatype == "FP32":
+        np.testing.assert_array_equal(got.astype(np.float32), sample)
+    else:
+        _same(got.astype(sample.dtype), sample)
+        assert out["data"] == sample.reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_json_refused_as_triton(datatype):
+    body = json.dumps({"inputs": [{"name": "IN", "datatype": datatype, "shape": [1], "data": [1.0]}]})
+    with pytest.raises(InvalidArgumentError, match=f"receiving {datatype} data via JSON is not supported"):
+        codec.decode_infer_request(body.encode(), None, "m")
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", datatype, [1], SAMPLES[datatype][0, :1])])
+    with pytest.raises(InvalidArgumentError, match=f"sending {datatype} data via JSON is not supported"):
+        codec.encode_infer_response(response, codec.OutputFormat())
+
+
+def test_bytes_with_nul_and_non_utf8_binary_roundtrip():
+    values = np.array([b"\x00", b"\x00\x00", b"a\x00", b"\xff\xfe\x00", b""], dtype=np.object_)
+    request, fmt, _ = _decode([_input("IN", values, "BYTES", True)])
+    data = request.inputs["IN"].data
+    assert data.dtype == np.object_ and data.tolist() == values.tolist()
+    assert all(type(v) is bytes for v in data.tolist())
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", "BYTES", [5], data)])
+    result, _, _ = _roundtrip(response, codec.OutputFormat(default_binary=True))
+    assert result.as_numpy("OUT").tolist() == values.tolist()
+
+
+def test_bytes_json_output_of_non_utf8_is_replaced_not_failed():
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", "BYTES", [2], np.array([b"\xff", b"ok"], dtype=object))])
+    data, _ = codec.encode_infer_response(response, codec.OutputFormat())
+    assert json.loads(data)["outputs"][0]["data"] == ["\ufffd", "ok"]
+
+
+def test_bytes_output_may_hold_str():
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", "BYTES", [2], np.array(["é", b"b"], dtype=object))])
+    result, _, _ = _roundtrip(response, codec.OutputFormat(default_binary=True))
+    assert result.as_numpy("OUT").tolist() == ["é".encode(), b"b"]
+
+
+def test_mixed_binary_and_json_inputs_in_order():
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.array([b"x", b"\x00y"], dtype=np.object_)
+    c = np.array([1.5, 2.5], dtype=np.float64)
+    d = np.array([True, False, True])
+    request, _, _ = _decode([_input("A", a, "INT32", True), _input("B", b, "BYTES", True),
+                             _input("C", c, "FP64", False), _input("D", d, "BOOL", True)])  # fmt: skip
+    assert list(request.inputs) == ["A", "B", "C", "D"]
+    _same(request.inputs["A"].data, a)
+    assert request.inputs["B"].data.tolist() == b.tolist()
+    _same(request.inputs["C"].data, c)
+    _same(request.inputs["D"].data, d)
+
+
+def test_zero_element_inputs():
+    for binary in (True, False):
+        request, _, _ = _decode([_input("IN", np.zeros((0, 4), np.float32), "FP32", binary),
+                                 _input("S", np.zeros((0,), np.object_), "BYTES", binary)])  # fmt: skip
+        assert request.inputs["IN"].data.shape == (0, 4) and request.inputs["IN"].data.dtype == np.float32
+        assert request.inputs["S"].data.shape == (0,)
+
+
+def test_json_nested_and_flat_data_and_bool_literals():
+    doc = {"inputs": [
+        {"name": "N", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]},
+        {"name": "F", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]},
+        {"name": "R", "datatype": "FP32", "shape": [3], "data": [[1], [2, 3]]},
+        {"name": "B", "datatype": "BOOL", "shape": [2], "data": [True, False]},
+        {"name": "S", "datatype": "BYTES", "shape": [1, 2], "data": [["a", "b\u0000"]]},
+    ]}  # fmt: skip
+    request, _ = codec.decode_infer_request(json.dumps(doc).encode(), None, "m")
+    assert request.inputs["N"].data.tolist() == [[1, 2], [3, 4]] == request.inputs["F"].data.tolist()
+    assert request.inputs["R"].data.tolist() == [1.0, 2.0, 3.0]
+    assert request.inputs["B"].data.dtype == np.bool_ and request.inputs["B"].data.tolist() == [True, False]
+    assert request.inputs["S"].data.tolist() == [[b"a", b"b\x00"]]
+    assert json.loads(b'{"d": [true, false]}')["d"] == [True, False]
+
+
+def test_request_fields_id_parameters_and_version():
+    tensor = _input("IN", np.zeros(2, np.int32), "INT32", True)
+    request, fmt, _ = _decode([tensor], request_id="req-7", sequence_id=42, sequence_start=True,
+                              priority=2, timeout=100, parameters={"temp": 0.5, "mode": "x", "n": 3})  # fmt: skip
+    assert request.id == "req-7" and request.model_name == "model" and request.model_version == 3
+    assert request.parameters == {"sequence_id": 42, "sequence_start": True, "sequence_end": False,
+                                  "priority": 2, "timeout": 100, "temp": 0.5, "mode": "x", "n": 3}
+    assert fmt.default_binary  # tritonclient asks every output in binary when none is named
+    assert request.outputs == []
+
+
+def test_requested_outputs_and_binary_flags():
+    tensor = _input("IN", np.zeros(2, np.int32), "INT32", True)
+    outputs = [httpclient.InferRequestedOutput("A", binary_data=True),
+               httpclient.InferRequestedOutput("B", binary_data=False)]  # fmt: skip
+    request, fmt, _ = _decode([tensor], outputs=outputs)
+    assert request.requested_output_names == ["A", "B"]
+    assert fmt.is_binary("A") and not fmt.is_binary("B") and not fmt.is_binary("C")
+    doc = {"inputs": [], "parameters": {"binary_data_output": True},
+           "outputs": [{"name": "A"}, {"name": "B", "parameters": {"binary_data": False, "custom": 1}}]}
+    request, fmt = codec.decode_infer_request(json.dumps(doc).encode(), None, "m")
+    assert fmt.is_binary("A") and not fmt.is_binary("B")
+    assert request.outputs[1].parameters == {"custom": 1}
+    assert "binary_data_output" not in request.parameters
+
+
+def test_response_id_model_version_and_parameters():
+    response = InferenceResponse("m", "2", "", [Tensor("OUT", "INT32", [1], np.array([5], np.int32))],
+                                 parameters={"p": 1, "q": "s", "r": True, "f": 0.5})
+    data, _ = codec.encode_infer_response(response, codec.OutputFormat(), request_id="abc")
+    doc = json.loads(data)
+    assert doc["id"] == "abc" and doc["model_name"] == "m" and doc["model_version"] == "2"
+    assert doc["parameters"] == {"p": 1, "q": "s", "r": True, "f": 0.5}
+    assert doc["outputs"] == [{"name": "OUT", "datatype": "INT32", "shape": [1], "data": [5]}]
+    no_id, _ = codec.encode_infer_response(InferenceResponse("m", "2"), codec.OutputFormat())
+    assert "id" not in json.loads(no_id) and json.loads(no_id)["outputs"] == []
+
+
+def test_binary_response_layout_and_empty_binary_output():
+    a = np.arange(4, dtype=np.int32)
+    response = InferenceResponse("m", "1", "", [Tensor("A", "INT32", [4], a),
+                                                Tensor("E", "FP32", [0], np.zeros(0, np.float32)),
+                                                Tensor("J", "INT32", [4], a)])  # fmt: skip
+    fmt = codec.OutputFormat(binary={"A": True, "E": True})
+    data, header_length = codec.encode_infer_response(response, fmt)
+    header = json.loads(data[:header_length])
+    assert [o.get("parameters", {}).get("binary_data_size") for o in header["outputs"]] == [16, 0, None]
+    assert data[header_length:] == a.tobytes()
+    only_empty = InferenceResponse("m", "1", "", [Tensor("E", "FP32", [0], np.zeros(0, np.float32))])
+    assert codec.encode_infer_response(only_empty, fmt)[1] is None  # no binary bytes: plain JSON
+
+
+def test_output_data_is_cast_to_its_datatype_and_checked_against_shape():
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", "INT16", [2], np.array([1, 2], np.int64))])
+    result, _, _ = _roundtrip(response, codec.OutputFormat(default_binary=True))
+    assert result.as_numpy("OUT").dtype == np.int16
+    bad = InferenceResponse("m", "1", "", [Tensor("OUT", "INT32", [3], np.array([1, 2], np.int32))])
+    with pytest.raises(InternalError, match="output tensor shape does not match size of output for 'OUT'"):
+        codec.encode_infer_response(bad, codec.OutputFormat())
+
+
+def test_json_output_of_non_contiguous_big_endian_and_unaligned_arrays():
+    strided = np.arange(8, dtype=np.int32)[::2]
+    big = np.array([1, 2, 3], dtype=">i4")
+    unaligned = np.frombuffer(b"\x00" + np.arange(3, dtype=np.int32).tobytes(), np.int32, offset=1)
+    response = InferenceResponse("m", "1", "", [Tensor("S", "INT32", [4], strided), Tensor("B", "INT32", [3], big),
+                                                Tensor("U", "INT32", [3], unaligned)])  # fmt: skip
+    doc = json.loads(codec.encode_infer_response(response, codec.OutputFormat())[0])
+    assert [o["data"] for o in doc["outputs"]] == [[0, 2, 4, 6], [1, 2, 3], [0, 1, 2]]
+
+
+# --- infer requests: malformed ---------------------------------------------------------------------
+
+
+def _json_request(*inputs, **top):
+    return json.dumps({"inputs": list(inputs), **top}).encode()
+
+
+INT_IN = {"name": "IN", "datatype": "INT32", "shape": [2], "data": [1, 2]}
+MALFORMED = [
+    ("not_json", b"hello", None, InvalidArgumentError, "failed to parse the request JSON buffer"),
+    ("truncated", b'{"inputs": [ {', None, InvalidArgumentError, "failed to parse the request JSON buffer"),
+    ("not_object", b"[1, 2]", None, InvalidArgumentError, "must be an object"),
+    ("no_inputs", b"{}", None, InvalidArgumentError, "Unable to parse 'inputs'"),
+    ("inputs_not_array", b'{"inputs": {}}', None, InvalidArgumentError, "Unable to parse 'inputs'"),
+    ("input_not_object", _json_request(3), None, InvalidArgumentError, "element 0 is not an object"),
+    ("no_name", _json_request({**INT_IN, "name": None}), None, InvalidArgumentError, "Unable to parse 'name'"),
+    ("no_datatype", _json_request({k: v for k, v in INT_IN.items() if k != "datatype"}), None,
+     InvalidArgumentError, "Unable to parse 'datatype' of input 'IN'"),
+    ("bad_datatype", _json_request({**INT_IN, "datatype": "INT31"}), None, InvalidArgumentError,
+     "invalid datatype 'INT31' for input 'IN'"),
+    ("no_shape", _json_request({k: v for k, v in INT_IN.items() if k != "shape"}), None,
+     InvalidArgumentError, "Unable to parse 'shape' of input 'IN'"),
+    ("negative_shape", _json_request({**INT_IN, "shape": [-1, 2]}), None, InvalidArgumentError,
+     "Unable to parse 'shape' of input 'IN'"),
+    ("float_shape", _json_request({**INT_IN, "shape": [2.0]}), None, InvalidArgumentError, "Unable to parse 'shape'"),
+    ("bool_shape", _json_request({**INT_IN, "shape": [True]}), None, InvalidArgumentError, "Unable to parse 'shape'"),
+    ("no_data", _json_request({k: v for k, v in INT_IN.items() if k != "data"}), None, InvalidArgumentError,
+     "But no field is set"),
+    ("data_and_binary", _json_request({**INT_IN, "parameters": {"binary_data_size": 8}}), None,
+     InvalidArgumentError, "But set 'data' 'binary_data_size'"),
+    ("data_not_list", _json_request({**INT_IN, "data": 5}), None, InvalidArgumentError,
+     "Unable to parse 'data' of input 'IN': expected an array"),
+    ("too_few", _json_request({**INT_IN, "data": [1]}), None, InvalidArgumentError,
+     "shape [2] needs 2 elements, but 'data' holds 1"),
+    ("too_many", _json_request({**INT_IN, "data": [[1, 2], [3]]}), None, InvalidArgumentError,
+     "shape [2] needs 2 elements, but 'data' holds 3"),
+    ("float_for_int", _json_request({**INT_IN, "data": [1.5, 2]}), None, InvalidArgumentError,
+     "expected integer values for datatype INT32"),
+    ("string_for_int", _json_request({**INT_IN, "data": ["1", "2"]}), None, InvalidArgumentError,
+     "expected integer values"),
+    ("bool_for_int", _json_request({**INT_IN, "data": [True, False]}), None, InvalidArgumentError,
+     "expected integer values"),
+    ("null_in_data", _json_request({**INT_IN, "data": [1, None]}), None, InvalidArgumentError,
+     "expected integer values"),
+    ("int_out_of_range", _json_request({**INT_IN, "datatype": "UINT8", "data": [1, 256]}), None,
+     InvalidArgumentError, "value out of range for datatype UINT8"),
+    ("negative_unsigned", _json_request({**INT_IN, "datatype": "UINT32", "data": [-1, 2]}), None,
+     InvalidArgumentError, "value out of range for datatype UINT32"),
+    ("int64_beyond_range", _json_request({**INT_IN, "datatype": "INT64", "data": [2**63, 1]}), None,
+     InvalidArgumentError, "value out of range for datatype INT64"),
+    ("uint64_beyond_range", _json_request({**INT_IN, "datatype": "UINT64", "data": [-1, 2**64 - 1]}), None,
+     InvalidArgumentError, "value out of range for datatype UINT64"),
+    ("beyond_64_bits", _json_request({**INT_IN, "datatype": "UINT64", "data": [2**64, 1]}), None,
+     InvalidArgumentError, "for datatype UINT64"),  # orjson reads integers beyond 64 bits as floats
+    ("big_int_and_float", _json_request({**INT_IN, "datatype": "UINT64", "data": [2**64 - 1, 1.5]}), None,
+     InvalidArgumentError, "expected integer values for datatype UINT64"),
+    ("int_for_bool", _json_request({**INT_IN, "datatype": "BOOL", "data": [1, 0]}), None, InvalidArgumentError,
+     "expected boolean (true/false) values for datatype BOOL"),
+    ("string_for_float", _json_request({**INT_IN, "datatype": "FP32", "data": ["a", "b"]}), None,
+     InvalidArgumentError, "expected number values for datatype FP32"),
+    ("number_for_bytes", _json_request({**INT_IN, "datatype": "BYTES", "data": ["a", 2]}), None,
+     InvalidArgumentError, "BYTES elements must be strings"),
+    ("duplicate_input", _json_request(INT_IN, INT_IN), None, InvalidArgumentError,
+     "input 'IN' already exists in request"),
+    ("shared_memory", _json_request({k: v for k, v in INT_IN.items() if k != "data"}
+                                    | {"parameters": {"shared_memory_region": "r"}}), None,
+     UnsupportedError, "shared memory is not supported"),
+    ("id_not_string", _json_request(INT_IN, id=5), None, InvalidArgumentError, "Unable to parse 'id'"),
+    ("parameters_not_object", _json_request(INT_IN, parameters=[1]), None, InvalidArgumentError,
+     "Unable to parse 'parameters'"),
+    ("binary_data_output_not_bool", _json_request(INT_IN, parameters={"binary_data_output": 1}), None,
+     InvalidArgumentError, "Unable to parse 'binary_data_output'"),
+    ("sequence_start_not_bool", _json_request(INT_IN, parameters={"sequence_start": "yes"}), None,
+     InvalidArgumentError, "Unable to parse 'sequence_start'"),
+    ("priority_negative", _json_request(INT_IN, parameters={"priority": -1}), None, InvalidArgumentError,
+     "Unable to parse 'priority'"),
+    ("sequence_id_float", _json_request(INT_IN, parameters={"sequence_id": 1.5}), None, InvalidArgumentError,
+     "Unable to parse 'sequence_id'"),
+    ("reserved_parameter", _json_request(INT_IN, parameters={"triton_x": 1}), None, InvalidArgumentError,
+     "parameter keys starting with 'triton_' are reserved"),
+    ("parameter_list", _json_request(INT_IN, parameters={"x": [1]}), None, InvalidArgumentError,
+     "parameter 'x' has invalid type"),
+    ("outputs_not_array", _json_request(INT_IN, outputs={"name": "A"}), None, InvalidArgumentError,
+     "Unable to parse 'outputs'"),
+    ("output_no_name", _json_request(INT_IN, outputs=[{}]), None, InvalidArgumentError,
+     "Unable to parse 'name' of output 0"),
+    ("duplicate_output", _json_request(INT_IN, outputs=[{"name": "A"}, {"name": "A"}]), None,
+     InvalidArgumentError, "output 'A' already exists in request"),
+    ("binary_data_not_bool", _json_request(INT_IN, outputs=[{"name": "A", "parameters": {"binary_data": 1}}]),
+     None, InvalidArgumentError, "Unable to parse 'binary_data' of output 'A'"),
+    ("output_shared_memory", _json_request(INT_IN, outputs=[{"name": "A", "parameters": {"shared_memory_region": "r"}}]),
+     None, UnsupportedError, "shared memory is not supported"),
+    ("classification", _json_request(INT_IN, outputs=[{"name": "A", "parameters": {"classification": 3}}]),
+     None, UnsupportedError, "classification extension is not supported"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body, header_length, error, message",
+                         [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_requests(body, header_length, error, message):
+    with pytest.raises(error) as info:
+        codec.decode_infer_request(body, header_length, "m")
+    assert type(info.value) is error
+    assert message in info.value.message
+
+
+def _binary_request(sizes, declared, datatype="INT32", shape=(4,)):
+    header = json.dumps({"inputs": [
+        {"name": f"IN{i}", "datatype": datatype, "shape": list(shape), "parameters": {"binary_data_size": d}}
+        for i, d in enumerate(declared)]}).encode()  # fmt: skip
+    return header + b"".join(b"\x01" * n for n in sizes), len(header)
+
+
+def test_binary_size_mismatch_and_overrun():
+    body, hl = _binary_request([16, 12], [16, 12])
+    with pytest.raises(InvalidArgumentError, match=r"input byte size mismatch for input 'IN1' for model 'm'\. "
+                                                   r"Expected 16, got 12"):  # fmt: skip
+        codec.decode_infer_request(body, hl, "m")
+    body, hl = _binary_request([16, 8], [16, 16])
+    with pytest.raises(InvalidArgumentError, match="unexpected size for input 'IN1', expecting 8 additional bytes"):
+        codec.decode_infer_request(body, hl, "m")
+    body, hl = _binary_request([16, 16, 4], [16, 16])
+    with pytest.raises(InvalidArgumentError, match="unexpected additional input data for model 'm'"):
+        codec.decode_infer_request(body, hl, "m")
+    body, hl = _binary_request([16], [16])
+    with pytest.raises(InvalidArgumentError, match="must specify valid 'Inference-Header-Content-Length'"):
+        codec.decode_infer_request(body[:hl], None, "m")
+    body, hl = _binary_request([16], [-16])
+    with pytest.raises(InvalidArgumentError, match="Unable to parse 'binary_data_size' of input 'IN0'"):
+        codec.decode_infer_request(body, hl, "m")
+    body, hl = _binary_request([16], [16])
+    request, _ = codec.decode_infer_request(body, hl, "m")
+    assert request.inputs["IN0"].data.tolist() == [0x01010101] * 4
+
+
+def test_binary_bytes_malformed():
+    length_only = (5).to_bytes(4, "little") + b"abc"  # element of 5 bytes, 3 present
+    body, hl = _binary_request([0], [len(length_only)], "BYTES", (1,))
+    body += length_only
+    with pytest.raises(InvalidArgumentError, match="input 'IN0': unexpected end of BYTES tensor data"):
+        codec.decode_infer_request(body, hl, "m")
+    two = (1).to_bytes(4, "little") + b"a" + (0).to_bytes(4, "little")
+    body, hl = _binary_request([0], [len(two)], "BYTES", (3,))
+    with pytest.raises(InvalidArgumentError, match="input 'IN0': BYTES tensor holds 2 elements, but its shape needs 3"):
+        codec.decode_infer_request(body + two, hl, "m")
+    body, hl = _binary_request([0], [2], "BYTES", (1,))
+    with pytest.raises(InvalidArgumentError, match="incomplete length prefix"):
+        codec.decode_infer_request(body + b"\x01\x00", hl, "m")
+
+
+@pytest.mark.parametrize("value, length, error, message", [
+    ("abc", 10, InvalidArgumentError, "Unable to parse Inference-Header-Content-Length, got: abc"),
+    ("-1", 10, InvalidArgumentError, "inference header size should be in range (0, 10), got: -1"),
+    ("11", 10, InvalidArgumentError, "inference header size should be in range (0, 10), got: 11"),
+    ("0", 10, UnsupportedError, "raw binary requests"),
+])  # fmt: skip
+def test_header_length_errors(value, length, error, message):
+    with pytest.raises(error) as info:
+        codec.parse_header_length(value, length)
+    assert message in info.value.message
+
+
+def test_header_length_values():
+    assert codec.parse_header_length(None, 10) is None
+    assert codec.parse_header_length("10", 10) == 10
+    assert codec.parse_header_length(" 4", 10) == 4
+
+
+# --- bodies and compression ----------------------------------------------------------------------
+
+
+def test_read_body_limits():
+    assert body_mod.read(io.BytesIO(b"abc"), 3, False, 3) == b"abc"
+    assert body_mod.read(io.BytesIO(b""), 0, False, 3) == b""
+    assert body_mod.read(io.BytesIO(b"abc"), None, False, 3) == b""  # no length, not chunked: no body
+    assert body_mod.read(io.BytesIO(b"abc"), None, True, 3) == b"abc"
+    with pytest.raises(InvalidArgumentError, match="request body size of 4 bytes exceeds the maximum allowed input "
+                                                   "size of 3 bytes. Use --http-max-input-size"):  # fmt: skip
+        body_mod.read(io.BytesIO(b"abcd"), 4, False, 3)
+    with pytest.raises(InvalidArgumentError, match="maximum allowed input size of 3 bytes"):
+        body_mod.read(io.BytesIO(b"abcd"), None, True, 3)
+    with pytest.raises(InvalidArgumentError, match="ended after 2 of the 5 bytes"):
+        body_mod.read(io.BytesIO(b"ab"), 5, False, 10)
+
+
+def test_decode_body():
+    data = b"x" * 1000
+    assert body_mod.decode(gzip.compress(data), "gzip", 1000) == data
+    assert body_mod.decode(zlib.compress(data), "deflate", 1000) == data
+    assert body_mod.decode(data, "identity", 1000) == data
+    assert body_mod.decode(data, None, 1000) == data
+    with pytest.raises(UnsupportedError, match="Unsupported compression type"):
+        body_mod.decode(data, "br", 1000)
+    with pytest.raises(InvalidArgumentError, match="Decompressed data size exceeds the maximum allowed value of 999 "
+                                                   "bytes. Use --http-max-input-size"):  # fmt: skip
+        body_mod.decode(gzip.compress(data), "gzip", 999)
+    with pytest.raises(InvalidArgumentError, match="failed to decompress the gzip request body"):
+        body_mod.decode(b"not gzip", "gzip", 1000)
+    with pytest.raises(InvalidArgumentError, match="truncated"):
+        body_mod.decode(gzip.compress(data)[:-10], "gzip", 1000)
+
+
+@pytest.mark.parametrize("accept, chosen", [
+    (None, None), ("", None), ("identity", None), ("gzip", "gzip"), ("deflate", "deflate"),
+    ("gzip, deflate", "gzip"), ("deflate, gzip", "deflate"), ("gzip;q=0.5, deflate;q=0.8", "deflate"),
+    ("br", None), ("br, gzip;q=0.1", "gzip"), ("gzip;q=0", None), ("gzip;q=abc, deflate", "deflate"),
+    ("GZIP", "gzip"),
+])  # fmt: skip
+def test_response_encoding(accept, chosen):
+    assert body_mod.response_encoding(accept) == chosen
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_response_reads_back_with_tritonclient(encoding):
+    a = np.arange(100, dtype=np.float32)
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", "FP32", [100], a)])
+    data, header_length = codec.encode_infer_response(response, codec.OutputFormat(default_binary=True))
+    packed = body_mod.compress(data, encoding)
+    result = Client.parse_response_body(packed, header_length=header_length, content_encoding=encoding)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), a)
+
+
+# --- generate ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_shape, count, shape", [
+    ([1], 1, [1]), ([-1], 3, [3]), ([-1, 1], 1, [1, 1]), ([-1, 16], 16, [1, 16]), ([-1, 16], 32, [2, 16]),
+    ([-1, -1], 4, [1, 4]), ([2, -1], 6, [2, 3]), ([], 1, []), ([-1], 0, [0]),
+])  # fmt: skip
+def test_fit_shape(model_shape, count, shape):
+    assert generate.fit_shape("x", model_shape, count) == shape
+
+
+@pytest.mark.parametrize("model_shape, count", [([16], 3), ([-1, 4], 6), ([], 2), ([0], 1)])
+def test_fit_shape_refused(model_shape, count):
+    with pytest.raises(InvalidArgumentError, match="The schema can not convert input 'x' to tensor with proper shape"):
+        generate.fit_shape("x", model_shape, count)
+
+
+METADATA = {"name": "m", "inputs": [
+    {"name": "text_input", "datatype": "BYTES", "shape": [-1, 1]},
+    {"name": "max_tokens", "datatype": "INT32", "shape": [1]},
+    {"name": "values", "datatype": "FP32", "shape": [-1]},
+    {"name": "flag", "datatype": "BOOL", "shape": [-1, 1]},
+]}  # fmt: skip
+
+
+def test_decode_generate_request():
+    doc = {"id": "42", "text_input": "hi\u0000", "values": [1, 2.5], "stream": False, "temperature": 0.5,
+           "parameters": {"max_tokens": 7, "flag": True, "top_k": 3, "mode": "greedy"}}
+    request = generate.decode_generate_request(doc, METADATA, "m", 2)
+    assert request.id == "42" and request.model_name == "m" and request.model_version == 2
+    assert {n: (t.datatype, t.shape) for n, t in request.inputs.items()} == {
+        "text_input": ("BYTES", [1, 1]), "values": ("FP32", [2]), "max_tokens": ("INT32", [1]), "flag": ("BOOL", [1, 1])}
+    assert request.inputs["text_input"].data.tolist() == [[b"hi\x00"]]
+    assert request.inputs["values"].data.dtype == np.float32 and request.inputs["values"].data.tolist() == [1, 2.5]
+    assert request.inputs["max_tokens"].data.dtype == np.int32 and request.inputs["max_tokens"].data.tolist() == [7]
+    assert request.parameters == {"stream": False, "temperature": 0.5, "top_k": 3, "mode": "greedy"}
+
+
+@pytest.mark.parametrize("doc, message", [
+    ([1], "the generate request JSON must be an object"),
+    ({"id": 3}, "Unable to parse 'id'"),
+    ({"parameters": [1]}, "Expected JSON object for keyword: 'parameters'"),
+    ({"other": {"a": 1}}, "parameter 'other' has invalid type"),
+    ({"max_tokens": [1, 2]}, "The schema can not convert input 'max_tokens'"),
+    ({"max_tokens": "seven"}, "expected integer values for datatype INT32"),
+    ({"text_input": 5}, "BYTES elements must be strings"),
+    ({"triton_x": 1}, "reserved for Triton usage"),
+])  # fmt: skip
+def test_decode_generate_request_errors(doc, message):
+    with pytest.raises(InvalidArgumentError) as info:
+        generate.decode_generate_request(doc, METADATA, "m")
+    assert message in info.value.message
+
+
+def test_generate_parameters_input_name_clash():
+    metadata = {"inputs": [{"name": "parameters", "datatype": "INT32", "shape": [1]}]}
+    with pytest.raises(InvalidArgumentError, match="Keyword 'parameters' for nested schema also given as input"):
+        generate.decode_generate_request({"parameters": {}}, metadata, "m")
+
+
+def test_encode_generate_response():
+    response = InferenceResponse("m", "1", "", [
+        Tensor("text_output", "BYTES", [1, 1], np.array([[b"out\x00put"]], dtype=np.object_)),
+        Tensor("ids", "INT64", [1, 3], np.array([[1, 2, 3]], np.int64)),
+        Tensor("score", "FP32", [1], np.array([0.5], np.float32)),
+        Tensor("done", "BOOL", [1], np.array([True])),
+        Tensor("none", "INT32", [0], np.zeros(0, np.int32)),
+    ], parameters={"finish_reason": "stop"})  # fmt: skip
+    doc = json.loads(generate.encode_generate_response(response, "42"))
+    assert doc == {"id": "42", "model_name": "m", "model_version": "1", "finish_reason": "stop",
+                   "text_output": "out\x00put", "ids": [1, 2, 3], "score": 0.5, "done": True, "none": []}
+
+
+def test_encode_generate_response_bytes_parameter_refused():
+    response = InferenceResponse("m", "1", parameters={"raw": b"x"})
+    with pytest.raises(UnsupportedError, match="Response parameter 'raw'"):
+        generate.encode_generate_response(response)
+
+
+def test_sse_framing():
+    assert generate.sse_event(b'{"a":1}') == b'data: {"a":1}\n\n'
+    event = generate.sse_error("bad\nthing")
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n") == 2
+    assert json.loads(event[6:]) == {"error": "bad\nthing"}
