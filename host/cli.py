@@ -44,7 +44,8 @@ def _serve_parser(sub) -> None:
                    help="do not load the plugin NAME (repeatable; also MODELHOST_BLOCK_PLUGINS=a,b)")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--http-thread-count", type=int, default=16)
+    p.add_argument("--http-thread-count", type=int, default=16,
+                   help="accepted for compatibility: each HTTP connection is served by its own thread")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)

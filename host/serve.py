@@ -1,4 +1,4 @@
-"""`modelhost serve`: gunicorn (gthread) hosting the falcon app, the models in its one worker.
+"""`modelhost serve`: gunicorn hosting the falcon app, the models in its one worker.
 
 Nothing heavy happens in the gunicorn master: the Host (plugins, models, later the gRPC server)
 is built in `load()`, which gunicorn calls inside the worker after the fork. SIGINT and SIGTERM
@@ -37,8 +37,8 @@ class ServerApplication(BaseApplication):
         settings = {
             "bind": [f"{_bracket(o.http_address)}:{o.http_port}"],
             "workers": 1,  # the models live in one process; scale out with replicas
-            "worker_class": "gthread",
-            "threads": o.http_thread_count,
+            "worker_class": "host.http.worker.ConnectionWorker",  # a thread per connection
+            "worker_connections": 1024,  # connections served at once (each on its own thread)
             "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
             "graceful_timeout": int(o.exit_timeout_secs),
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open

@@ -216,22 +216,27 @@ def _status_has_body(status: str) -> bool:
 
 
 class HTTPServer:
-    """`HTTPServer(app, host, port).serve_forever()`; `shutdown()` from another thread."""
+    """`HTTPServer.bind(app, host, port).serve_forever()`; `shutdown()` from another thread.
 
-    def __init__(self, app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, *, backlog: int = 1024,
-                 max_connections: int = 1024, keepalive_timeout: float = 120.0) -> None:
+    Built over listening sockets it is given (gunicorn's, in `host.http.worker`) or binds its own.
+    Accept loops poll their listener with a short timeout instead of being woken by closing it:
+    a listener inherited from gunicorn's master must stay open for the next worker.
+    """
+
+    ACCEPT_POLL_SECONDS = 0.5
+
+    def __init__(self, app: WSGIApp, listeners: list[socket.socket], *, max_connections: int = 1024,
+                 keepalive_timeout: float = 120.0) -> None:
         self.app = app
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, port))
-        self.socket.listen(backlog)
-        self.address = self.socket.getsockname()[:2]
+        self.listeners = listeners
+        self.address = listeners[0].getsockname()[:2]
         self.keepalive_timeout = keepalive_timeout
+        self._owns_listeners = False
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, bool] = {}  # socket -> busy with a request
         self._stopping = threading.Event()
+        self._accepting = 0
         self._stopped = threading.Event()
         self._base_env = {
             "wsgi.version": (1, 0), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
@@ -239,41 +244,66 @@ class HTTPServer:
             "SERVER_SOFTWARE": "modelhost",
         }
 
+    @classmethod
+    def bind(cls, app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, *, backlog: int = 1024,
+             **kwargs: Any) -> "HTTPServer":
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        server = cls(app, [sock], **kwargs)
+        server._owns_listeners = True
+        return server
+
     @property
     def port(self) -> int:
         return self.address[1]
 
     # --- lifecycle -----------------------------------------------------------------------------
     def serve_forever(self) -> None:
+        """Accept on every listener until `shutdown()`; returns when all accept loops ended."""
+        others = [threading.Thread(target=self._accept_loop, args=(listener,), daemon=True,
+                                   name="http-accept") for listener in self.listeners[1:]]
+        for t in others:
+            t.start()
         try:
-            while not self._stopping.is_set():
-                self._slots.acquire()
-                try:
-                    sock, client = self.socket.accept()
-                except OSError:
-                    self._slots.release()
-                    if self._stopping.is_set():
-                        break
-                    log.exception("accept failed")
-                    continue
-                if self._stopping.is_set():
-                    sock.close()
-                    self._slots.release()
-                    break
-                threading.Thread(target=self._serve, args=(sock, client), daemon=True,
-                                 name=f"http-{client[1] if len(client) > 1 else ''}").start()
+            self._accept_loop(self.listeners[0])
+            for t in others:
+                t.join()
         finally:
             self._stopped.set()
+
+    def _accept_loop(self, listener: socket.socket) -> None:
+        listener.settimeout(self.ACCEPT_POLL_SECONDS)
+        while not self._stopping.is_set():
+            if not self._slots.acquire(timeout=self.ACCEPT_POLL_SECONDS):
+                continue
+            try:
+                sock, client = listener.accept()
+            except (socket.timeout, BlockingIOError, InterruptedError):
+                self._slots.release()
+                continue
+            except OSError:
+                self._slots.release()
+                if self._stopping.is_set():
+                    break
+                log.exception("accept failed")
+                continue
+            if self._stopping.is_set():
+                sock.close()
+                self._slots.release()
+                break
+            threading.Thread(target=self._serve, args=(sock, client), daemon=True,
+                             name=f"http-{client[1] if len(client) > 1 else ''}").start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop accepting, let requests in progress finish (up to `timeout`), close idle connections."""
         self._stopping.set()
-        try:
-            self.socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.socket.close()
         self._stopped.wait(timeout)
+        if self._owns_listeners:
+            for listener in self.listeners:
+                listener.close()
         deadline = threading.Event()
         waited = 0.0
         while True:
@@ -455,6 +485,6 @@ def _shutdown_socket(sock: socket.socket) -> None:
 
 def serve(app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, **kwargs: Any) -> HTTPServer:
     """Start serving `app` on a background thread; returns the server (call `shutdown()` to stop)."""
-    server = HTTPServer(app, host, port, **kwargs)
+    server = HTTPServer.bind(app, host, port, **kwargs)
     threading.Thread(target=server.serve_forever, name="http-accept", daemon=True).start()
     return server

@@ -1,41 +1,39 @@
-"""A gunicorn worker for inference traffic: gthread, minus the trip back to the poller.
+"""The gunicorn worker modelhost runs: each connection served on its own thread.
 
 gunicorn's gthread worker returns every keep-alive connection to its main-thread poller after
-each response, so the next request on it costs two thread hand-offs. Inference clients
-(perf_analyzer, tritonclient, load balancers) send request after request on the same connection,
-so here the worker thread lingers briefly on its connection and serves the next request itself;
-a connection that stays idle goes back to the poller as before.
+each response, so each request costs two thread hand-offs and a poller re-registration, more
+than the whole inference of a small model. Inference clients (perf_analyzer, tritonclient, load
+balancers) send request after request on one connection, so this worker serves a connection
+from start to end on one thread (`host.http.server`, with gunicorn's C HTTP parser) while
+gunicorn keeps what it is good at: the master, the fork, signals, heartbeats and restarts.
 """
 
 from __future__ import annotations
 
-import select
-import socket
-
-from gunicorn.workers.gthread import ThreadWorker
-
 import os
-LINGER_SECONDS = float(os.environ.get("MH_LINGER", "0.05"))
-import sys
-sys.setswitchinterval(float(os.environ.get("MH_SWITCH", "0.005")))
+import threading
+
+from gunicorn.workers.base import Worker
+
+from host.http.server import HTTPServer
+
+HEARTBEAT_SECONDS = 1.0
 
 
-class InferenceWorker(ThreadWorker):
-    def handle(self, conn):
-        if not conn.initialized and conn.sock.family in (socket.AF_INET, socket.AF_INET6):
-            # gunicorn writes headers and body separately: without this, Nagle's algorithm holds
-            # the body back until the client acknowledges the headers.
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        result = super().handle(conn)
-        while result is True and self.alive and conn.initialized and not conn.is_http2:
-            if not _readable(conn.sock, LINGER_SECONDS):
-                return True  # idle: back to the poller, freeing this thread
-            conn.data_ready = True
-            result = super().handle(conn)
-        return result
-
-
-def _readable(sock, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    return bool(poller.poll(timeout * 1000))
+class ConnectionWorker(Worker):
+    def run(self) -> None:
+        listeners = [getattr(s, "sock", s) for s in self.sockets]
+        server = HTTPServer(self.wsgi, listeners, max_connections=self.cfg.worker_connections,
+                            keepalive_timeout=self.cfg.keepalive)
+        accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
+        accept.start()
+        parent = self.ppid
+        while self.alive:
+            self.notify()
+            if os.getppid() != parent:
+                self.log.info("parent changed, shutting down: %s", self)
+                break
+            accept.join(HEARTBEAT_SECONDS)
+            if not accept.is_alive():
+                break
+        server.shutdown(self.cfg.graceful_timeout)
