@@ -32,15 +32,31 @@ class ModelEntry:
 
     name: str
     location: repository.ModelLocation | None = None
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    _versions: dict[int, ModelVersion] = field(default_factory=dict)
+    newest_first: list[ModelVersion] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
     error: str = ""  # a failure before any version could be tried (config, backend)
     fingerprint: tuple = ()
     unloaded: bool = False
 
     def ready_versions(self) -> list[ModelVersion]:
-        return sorted((v for v in self.versions.values() if v.state == READY),
-                      key=lambda v: v.version, reverse=True)
+        return [v for v in self.newest_first if v.state == READY]
+
+    @property
+    def versions(self) -> dict[int, ModelVersion]:
+        return self._versions
+
+    @versions.setter
+    def versions(self, value: dict[int, ModelVersion]) -> None:
+        # Kept sorted once per change, so picking the default version costs no sort per request.
+        self._versions = value
+        self.newest_first = sorted(value.values(), key=lambda v: v.version, reverse=True)
+
+    def default_version(self) -> ModelVersion | None:
+        for v in self.newest_first:
+            if v.state == READY:
+                return v
+        return None
 
 
 class ModelManager:
@@ -60,10 +76,10 @@ class ModelManager:
         if entry is None or (not entry.versions and not entry.failed and not entry.error):
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
-            ready = entry.ready_versions()
-            if not ready:
+            mv = entry.default_version()
+            if mv is None:
                 raise UnavailableError(f"Request for unknown model: '{name}' has no available versions")
-            return ready[0]
+            return mv
         mv = entry.versions.get(version)
         if mv is None:
             raise NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")

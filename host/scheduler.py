@@ -59,7 +59,7 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
                         request.respond(response, True)
     model.stats.execution_done(len(requests), sum(r.batch_size for r in requests),
                                time.perf_counter_ns() - start)
-    if not model.decoupled:
+    if not model.decoupled and not all(r.completed for r in requests):
         _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
 
 

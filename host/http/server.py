@@ -28,7 +28,7 @@ log = logging.getLogger("host.http.server")
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 MAX_HEADER_BYTES = 64 * 1024
-_RECV = 256 * 1024
+_RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY_STATUS = ("1", "204", "304")

@@ -457,8 +457,9 @@ class InferenceTrace:
 
 def _parameters_json(parameters: dict | None) -> str:
     """Triton's PyParametersToJSON: keys str, values bool/int/str."""
-    if parameters is None:
-        parameters = {}
+    if not parameters:
+        if parameters is None or isinstance(parameters, dict):
+            return "{}"  # the common case: no JSON work per response
     if not isinstance(parameters, dict):
         raise TritonModelException(f"Expect dict, got {type(parameters)}")
     for key, value in parameters.items():

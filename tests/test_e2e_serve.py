@@ -1,0 +1,159 @@
+"""`modelhost serve` as a user runs it: signals, --exit-on-error, control modes, configs left out.
+
+Each test starts its own real server (host.testing) on a small repository it writes, and talks to
+it with the real tritonclient.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from host.testing import ServerProcess, ServerStartError, serve, wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.modelhost_only]
+
+IDENTITY_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+"""
+
+IDENTITY_MODEL = """
+import os, time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "finalized")
+
+    def execute(self, requests):
+        time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+
+    def finalize(self):
+        with open(self.marker, "w") as f:
+            f.write("done")
+"""
+
+
+def write_identity(repo: Path, name: str, config: bool = True, model: str = IDENTITY_MODEL) -> Path:
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    if config:
+        (repo / name / "config.pbtxt").write_text(IDENTITY_CONFIG.format(name=name))
+    (repo / name / "1" / "model.py").write_text(model)
+    return repo / name
+
+
+def infer(client: httpclient.InferenceServerClient, model: str, values) -> np.ndarray:
+    x = np.asarray(values, dtype=np.float32)
+    i = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    return client.infer(model, [i]).as_numpy("OUTPUT0")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_lets_inflight_request_finish_then_finalizes(tmp_path, sig):
+    path = write_identity(tmp_path, "slow")
+    server = ServerProcess(tmp_path, env={"SLOW_SECONDS": "1.0"}).start()
+    try:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        result: list[np.ndarray] = []
+        t = threading.Thread(target=lambda: result.append(infer(client, "slow", [1, 2, 3])))
+        t.start()
+        wait_until(lambda: server.log_text() != "" and t.is_alive(), timeout=5)
+        threading.Event().wait(0.3)  # the request is inside execute now
+        assert server.stop(sig, timeout=30) == 0, server.log_text()[-3000:]
+        t.join(30)
+        assert result and result[0].tolist() == [1, 2, 3]
+        assert (path / "finalized").read_text() == "done", "finalize() was not called"
+    finally:
+        server.kill()
+
+
+def test_exit_on_error_stops_the_server(tmp_path):
+    write_identity(tmp_path, "good")
+    write_identity(tmp_path, "bad", model="raise RuntimeError('boom at import')\n")
+    server = ServerProcess(tmp_path, "--exit-on-error")
+    with pytest.raises(ServerStartError):
+        server.start(timeout=30, attempts=1)
+    assert server.process is not None and server.process.wait(30) != 0
+    assert "boom at import" in server.log_text()
+    server.kill()
+
+
+def test_failed_model_is_unavailable_and_others_serve(tmp_path):
+    write_identity(tmp_path, "good")
+    write_identity(tmp_path, "bad", model="raise RuntimeError('boom at import')\n")
+    with serve(tmp_path) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        rows = {r["name"]: r for r in client.get_model_repository_index()}
+        assert rows["good"]["state"] == "READY"
+        assert rows["bad"]["state"] == "UNAVAILABLE" and "boom at import" in rows["bad"]["reason"]
+        assert infer(client, "good", [5.0]).tolist() == [5.0]
+        with pytest.raises(InferenceServerException, match="no available versions"):
+            infer(client, "bad", [1.0])
+
+
+def test_explicit_mode_load_with_config_override_and_unload(tmp_path):
+    write_identity(tmp_path, "a")
+    write_identity(tmp_path, "b")
+    with serve(tmp_path, "--model-control-mode", "explicit", "--load-model", "a") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("a") and not client.is_model_ready("b")
+        override = ('{"backend": "python", "max_batch_size": 4, '
+                    '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}], '
+                    '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}')
+        client.load_model("b", config=override)
+        assert client.is_model_ready("b")
+        assert client.get_model_config("b")["max_batch_size"] == 4
+        assert infer(client, "b", [[1.0, 2.0]]).tolist() == [[1.0, 2.0]]
+        client.unload_model("b")
+        assert not client.is_model_ready("b")
+        with pytest.raises(InferenceServerException, match="failed to load 'nope'"):
+            client.load_model("nope")
+        assert infer(client, "a", [3.0]).tolist() == [3.0]  # still serving
+
+
+def test_poll_mode_follows_the_repository(tmp_path):
+    write_identity(tmp_path, "first")
+    with serve(tmp_path, "--model-control-mode", "poll", "--repository-poll-secs", "0.3") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("first")
+        write_identity(tmp_path, "second")
+        wait_until(lambda: client.is_model_ready("second"), timeout=20)
+        assert infer(client, "second", [7.0]).tolist() == [7.0]
+        shutil.rmtree(tmp_path / "second")
+        wait_until(lambda: not client.is_model_ready("second"), timeout=20)
+        with pytest.raises(InferenceServerException, match="explicit model load / unload is not allowed"):
+            client.load_model("first")
+
+
+AUTO_MODEL = IDENTITY_MODEL + """
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]})
+        auto_complete_model_config.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]})
+        return auto_complete_model_config
+"""
+
+
+def test_model_without_config_is_auto_completed(tmp_path):
+    write_identity(tmp_path, "noconfig", config=False, model=AUTO_MODEL)
+    with serve(tmp_path) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        config = client.get_model_config("noconfig")
+        assert config["name"] == "noconfig" and config["backend"] == "python"
+        assert [i["name"] for i in config["input"]] == ["INPUT0"]
+        assert infer(client, "noconfig", [1.5]).tolist() == [1.5]
