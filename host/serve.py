@@ -7,6 +7,7 @@ both stop gracefully: in-flight requests finish, then every model is finalized.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 from typing import Any
@@ -59,7 +60,14 @@ class ServerApplication(BaseApplication):
 
         self.host = Host(self.options)
         self.host.start()
-        return create_app(self.host, max_input_size=self.options.http_max_input_size)
+        app = create_app(self.host, max_input_size=self.options.http_max_input_size)
+        # What exists now (models, plugins) lives as long as the server: keep it out of the
+        # collector's way, and let the young generation grow before collecting it, since a
+        # request's own objects are freed by reference counting anyway.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 50)
+        return app
 
     def _worker_exit(self, server: Any, worker: Any) -> None:
         if self.host is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 import sys
 import threading
 from typing import Any, Callable, Iterable
@@ -326,7 +327,7 @@ class HTTPServer:
             self._connections[sock] = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self.keepalive_timeout)
+            _set_kernel_timeouts(sock, self.keepalive_timeout)
             conn = _Connection(sock, self.address, client[:2])
             while not self._stopping.is_set():
                 try:
@@ -474,6 +475,20 @@ def _reply_error(conn: _Connection, status: str, message: str) -> None:
         conn.send(head + body)
     except _ClientGone:
         pass
+
+
+def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Idle and stalled-peer limits enforced by the kernel (SO_RCVTIMEO/SO_SNDTIMEO).
+
+    A Python-level `settimeout` would poll() before every recv and send: two more system calls
+    per request. With kernel timeouts the socket stays blocking and a limit that expires
+    surfaces as an OSError (EAGAIN), which ends the connection like any socket error.
+    """
+    sock.settimeout(None)
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 def _shutdown_socket(sock: socket.socket) -> None:

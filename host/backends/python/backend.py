@@ -460,8 +460,15 @@ class PythonInstance(Instance):
 
     def _wrap_request(self, request: HostRequest, sender: pb_utils.InferenceResponseSender
                       ) -> pb_utils.InferenceRequest:
-        params = request.parameters or {}
         inputs = [pb_utils.Tensor._wrap(name, t.datatype, t.data) for name, t in request.inputs.items()]
+        requested = request.requested_output_names or self.model.output_names
+        params = request.parameters
+        if not params:  # the common case: nothing to interpret
+            return pb_utils.InferenceRequest._incoming(
+                request_id=request.id, correlation_id=0, inputs=inputs,
+                requested_output_names=list(requested), model_name=self.model.spec.name,
+                model_version=self.model.spec.version, flags=0, timeout=0, parameters="{}",
+                cancelled=request.is_cancelled, sender=sender)
         flags = 0
         if _truthy(params.get("sequence_start")):
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -477,10 +484,9 @@ class PythonInstance(Instance):
         except (TypeError, ValueError):
             timeout = 0
         user_params = {k: v for k, v in params.items() if k not in _RESERVED_PARAMETERS}
-        requested = request.requested_output_names or list(self.model.output_names)
         return pb_utils.InferenceRequest._incoming(
             request_id=request.id, correlation_id=correlation_id, inputs=inputs,
-            requested_output_names=requested, model_name=self.model.spec.name,
+            requested_output_names=list(requested), model_name=self.model.spec.name,
             model_version=self.model.spec.version, flags=getattr(request, "flags", None) or flags,
             timeout=timeout,
             parameters=json.dumps(user_params, default=str) if user_params else "{}",
