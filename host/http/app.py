@@ -48,9 +48,12 @@ class _Resource:
         self.max_input_size = max_input_size
 
     def body(self, req: falcon.Request) -> bytes:
-        env = req.env
+        return self.env_body(req.env)
+
+    def env_body(self, env: dict[str, Any]) -> bytes:
+        """The request body from the WSGI environ, size-limited and decompressed."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        data = body.read(req.stream, req.content_length, chunked, self.max_input_size)
+        data = body.read(env["wsgi.input"], _content_length(env), chunked, self.max_input_size)
         encoding = env.get("HTTP_CONTENT_ENCODING")
         return body.decode(data, encoding, self.max_input_size) if encoding else data
 
@@ -100,25 +103,80 @@ class Model(_Resource):
 
 class Infer(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
-        version = _version(version)
-        data = self.body(req)
-        header_length = codec.parse_header_length(req.env.get(_HEADER_LENGTH_KEY), len(data))
+        headers, resp.data = self.answer(req.env, model, _version(version))
+        for name, value in headers:
+            resp.set_header(name, value)
+
+    def answer(self, env: dict[str, Any], model: str, version: str) -> tuple[list[tuple[str, str]], bytes]:
+        """Headers and body of the answer to one infer request (the falcon responder and the
+        fast path both call this, so the rules live here once)."""
+        data = self.env_body(env)
+        header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
         request, fmt = codec.decode_infer_request(data, header_length, model,
                                                   int(version) if version else -1)
         response = self.host.infer(request)
         out, json_length = codec.encode_infer_response(response, fmt, request.id)
         if json_length is None:
-            resp.content_type = JSON
+            headers = [("Content-Type", JSON)]
         else:
-            resp.content_type = OCTET_STREAM
-            resp.set_header(codec.HEADER_LENGTH, str(json_length))
-        accept = req.env.get("HTTP_ACCEPT_ENCODING")
+            headers = [("Content-Type", OCTET_STREAM), (codec.HEADER_LENGTH, str(json_length))]
+        accept = env.get("HTTP_ACCEPT_ENCODING")
         if accept:
             encoding = body.response_encoding(accept)
             if encoding:
                 out = body.compress(out, encoding)
-                resp.set_header("Content-Encoding", encoding)
-        resp.data = out
+                headers.append(("Content-Encoding", encoding))
+        return headers, out
+
+
+class FastInfer:
+    """The WSGI app `create_app` returns: infer requests skip falcon's machinery, all else uses it.
+
+    POST /v2/models/<m>[/versions/<n>]/infer is the one route on the hot path; matching it by hand
+    and calling `Infer.answer` saves falcon's request/response objects and routing, a large share
+    of the per-request cost for small models. Every other request, and anything this match is
+    unsure of, goes to the falcon app (`.falcon`), which has the same responder behind that route.
+    """
+
+    def __init__(self, app: falcon.App, infer: Infer) -> None:
+        self.falcon = app
+        self.infer = infer
+
+    def __call__(self, env: dict[str, Any], start_response: Any) -> Any:
+        path = env.get("PATH_INFO", "")
+        if env.get("REQUEST_METHOD") == "POST" and path.startswith("/v2/models/") and path.endswith("/infer"):
+            parts = path[11:-6].split("/")
+            if parts[0] and (len(parts) == 1 or (len(parts) == 3 and parts[1] == "versions"
+                                                 and parts[2].isascii() and parts[2].isdigit())):
+                return self._infer(env, start_response, parts[0], parts[2] if len(parts) == 3 else "")
+        return self.falcon(env, start_response)
+
+    def _infer(self, env: dict[str, Any], start_response: Any, model: str, version: str) -> list[bytes]:
+        try:
+            headers, data = self.infer.answer(env, model, version)
+            status = "200 OK"
+        except HostError as ex:
+            status, headers, data = _error_answer(ex)
+        except Exception as ex:  # noqa: BLE001 - as falcon's catch-all handler does
+            log.exception("unhandled error on POST %s", env.get("PATH_INFO"))
+            status, headers = "500 Internal Server Error", [("Content-Type", JSON)]
+            data = error_body(f"internal error: {type(ex).__name__}: {ex}")
+        headers.append(("Content-Length", str(len(data))))
+        start_response(status, headers)
+        return [data]
+
+
+def _content_length(env: dict[str, Any]) -> int | None:
+    value = env.get("CONTENT_LENGTH")
+    if not value:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"invalid Content-Length header '{value}'") from None
+    if length < 0:
+        raise InvalidArgumentError(f"invalid Content-Length header '{value}'")
+    return length
 
 
 class Generate(_Resource):
@@ -252,12 +310,18 @@ def _load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str, byte
 
 # --- errors ----------------------------------------------------------------------------------
 
-def _host_error(req: falcon.Request, resp: falcon.Response, ex: HostError, params: dict) -> None:
-    resp.status = status_line(ex.code)
-    resp.content_type = JSON
-    resp.data = error_body(ex.message)
+def _error_answer(ex: HostError) -> tuple[str, list[tuple[str, str]], bytes]:
+    """Status line, headers and body for a HostError (the one mapping both paths use)."""
+    headers = [("Content-Type", JSON)]
     if ex.code is Code.UNSUPPORTED and ex.message == body.UNSUPPORTED_ENCODING:
-        resp.set_header("Accept-Encoding", "gzip, deflate")
+        headers.append(("Accept-Encoding", "gzip, deflate"))
+    return status_line(ex.code), headers, error_body(ex.message)
+
+
+def _host_error(req: falcon.Request, resp: falcon.Response, ex: HostError, params: dict) -> None:
+    resp.status, headers, resp.data = _error_answer(ex)
+    for name, value in headers:
+        resp.set_header(name, value)
 
 
 def _http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: dict) -> None:
@@ -284,8 +348,8 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
 _VERSIONED = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 
 
-def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> falcon.App:
-    """The WSGI app serving `host` over Triton's HTTP/REST API."""
+def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastInfer:
+    """The WSGI app serving `host` over Triton's HTTP/REST API (its falcon app is `.falcon`)."""
     app = falcon.App(media_type=JSON)
     app.req_options.auto_parse_form_urlencoded = False
     app.add_error_handler(Exception, _unexpected)
@@ -313,4 +377,4 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> falc
     app.add_route("/v2/repository/index", repo, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)
-    return app
+    return FastInfer(app, infer)
