@@ -352,8 +352,11 @@ class PythonInstance(Instance):
             if execute is None:
                 raise _StubError(
                     f"Python model {self.model.path} does not implement `execute` method.")
-            with self._active():
+            token = pb_utils._ACTIVE.set(self.ctx)  # not a context manager: this is per request
+            try:
                 result = execute(pb_requests)
+            finally:
+                pb_utils._ACTIVE.reset(token)
             if asyncio.iscoroutine(result):
                 if self.decoupled:
                     self._run_in_background(result, states)
