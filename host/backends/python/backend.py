@@ -364,12 +364,16 @@ class PythonInstance(Instance):
                 result = self._run_coroutine(result)
             return self._collect(result, states)
         except Exception as exc:
-            message = (f"Failed to process the request(s) for model '{self.name}', message: "
-                       f"{_exception_text(exc)}")
-            log.error("%s\n%s", message, traceback.format_exc())
-            for s in states:
-                s.fail(message)
+            self._fail_all(states, exc)
             return None
+
+    def _fail_all(self, states: list[_RequestState], exc: Exception) -> None:
+        """The model raised: every request still waiting gets Triton's error text."""
+        message = (f"Failed to process the request(s) for model '{self.name}', message: "
+                   f"{_exception_text(exc)}")
+        log.error("%s\n%s", message, traceback.format_exc())
+        for s in states:
+            s.fail(message)
 
     def _collect(self, result: Any, states: list[_RequestState]) -> list[HostResponse] | None:
         """Check what execute returned; the host responses to return, or None if sent here."""
@@ -436,11 +440,7 @@ class PythonInstance(Instance):
             try:
                 await coro
             except Exception as exc:
-                message = (f"Failed to process the request(s) for model '{self.name}', message: "
-                           f"{_exception_text(exc)}")
-                log.error("%s\n%s", message, traceback.format_exc())
-                for s in states:
-                    s.fail(message)
+                self._fail_all(states, exc)
 
         asyncio.run_coroutine_threadsafe(run(), self._ensure_loop())
 
