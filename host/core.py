@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
-from host import __version__, datatypes
+from host import __version__, datatypes, parameters
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
@@ -172,7 +172,7 @@ class Host:
         cancels the request."""
         mv = self.manager.get(request.model_name, request.model_version)
         responses: queue.SimpleQueue = queue.SimpleQueue()
-        mv.rules.check(request)
+        self._admit(mv, request)
         self._prepare(mv, request, lambda r, final: responses.put((r, final)))
         self._stream_pool.submit(self._schedule, mv, request)
         return self._drain(request, responses)
@@ -194,9 +194,15 @@ class Host:
         self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        mv.rules.check(request)
+        self._admit(mv, request)
         self._prepare(mv, request, callback)
         self._schedule(mv, request)
+
+    @staticmethod
+    def _admit(mv: ModelVersion, request: InferenceRequest) -> None:
+        """The checks every request passes before it is scheduled, whatever its front end."""
+        parameters.interpret(request)
+        mv.rules.check(request)
 
     def _prepare(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
         """Count the request in flight and wrap its callback (names, output filter, stats)."""

@@ -46,7 +46,14 @@ class InferenceRequest:
     id: str = ""
     inputs: dict[str, Tensor] = field(default_factory=dict)
     outputs: list[RequestedOutput] = field(default_factory=list)
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)  # the model's own, once interpreted
+    # Triton's reserved parameters, moved out of `parameters` by host.parameters.interpret.
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
+    priority: int = 0
+    timeout_us: int = 0
+    enable_empty_final_response: bool = False
     # Filled in by the host before the request reaches a scheduler.
     callback: ResponseCallback | None = None
     batch_size: int = 1  # rows: the first dimension when the model batches, else 1

@@ -624,3 +624,20 @@ def test_statistics_count_inferences(client):
     success = stats[0]["inference_stats"]["success"]
     assert int(success["count"]) >= 3
     assert int(stats[0]["execution_count"]) >= 3
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"triton_x": 1}, "parameter keys starting with 'triton_' are reserved for Triton usage"),
+    ({"priority": -1}, "Unable to parse 'priority'"),
+])
+def test_reserved_request_parameters_are_refused(server, client, params, message):
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}],
+                       "parameters": params})
+    status, _, raw = _request(server, "POST", "/v2/models/identity_fp32/infer", body,
+                              {"Content-Type": "application/json"})
+    assert status == 400 and message in json.loads(raw)["error"]
+    # a well-formed request with an ordinary parameter still works
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}],
+                       "parameters": {"temperature": 0.5, "sequence_id": 7}})
+    status, _, raw = _request(server, "POST", "/v2/models/identity_fp32/infer", body)
+    assert status == 200, raw

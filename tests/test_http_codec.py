@@ -229,6 +229,7 @@ def test_request_fields_id_parameters_and_version():
     request, fmt, _ = _decode([tensor], request_id="req-7", sequence_id=42, sequence_start=True,
                               priority=2, timeout=100, parameters={"temp": 0.5, "mode": "x", "n": 3})  # fmt: skip
     assert request.id == "req-7" and request.model_name == "model" and request.model_version == 3
+    # passed through as sent: the host interprets the reserved ones (tests/test_parameters.py)
     assert request.parameters == {"sequence_id": 42, "sequence_start": True, "sequence_end": False,
                                   "priority": 2, "timeout": 100, "temp": 0.5, "mode": "x", "n": 3}
     assert fmt.default_binary  # tritonclient asks every output in binary when none is named
@@ -367,14 +368,6 @@ MALFORMED = [
      "Unable to parse 'parameters'"),
     ("binary_data_output_not_bool", _json_request(INT_IN, parameters={"binary_data_output": 1}), None,
      InvalidArgumentError, "Unable to parse 'binary_data_output'"),
-    ("sequence_start_not_bool", _json_request(INT_IN, parameters={"sequence_start": "yes"}), None,
-     InvalidArgumentError, "Unable to parse 'sequence_start'"),
-    ("priority_negative", _json_request(INT_IN, parameters={"priority": -1}), None, InvalidArgumentError,
-     "Unable to parse 'priority'"),
-    ("sequence_id_float", _json_request(INT_IN, parameters={"sequence_id": 1.5}), None, InvalidArgumentError,
-     "Unable to parse 'sequence_id'"),
-    ("reserved_parameter", _json_request(INT_IN, parameters={"triton_x": 1}), None, InvalidArgumentError,
-     "parameter keys starting with 'triton_' are reserved"),
     ("parameter_list", _json_request(INT_IN, parameters={"x": [1]}), None, InvalidArgumentError,
      "parameter 'x' has invalid type"),
     ("outputs_not_array", _json_request(INT_IN, outputs={"name": "A"}), None, InvalidArgumentError,
@@ -563,7 +556,6 @@ def test_decode_generate_request():
     ({"max_tokens": [1, 2]}, "The schema can not convert input 'max_tokens'"),
     ({"max_tokens": "seven"}, "expected integer values for datatype INT32"),
     ({"text_input": 5}, "BYTES elements must be strings"),
-    ({"triton_x": 1}, "reserved for Triton usage"),
 ])  # fmt: skip
 def test_decode_generate_request_errors(doc, message):
     with pytest.raises(InvalidArgumentError) as info:

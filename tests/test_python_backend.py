@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import triton_python_backend_utils as pb_utils
+from host.parameters import interpret
 from host.backend import InstanceSpec, ModelSpec
 from host.backends.python.backend import PythonBackend
 from host.config import parse_config_text
@@ -110,9 +111,11 @@ def tensor(name: str, array: np.ndarray) -> Tensor:
 
 def request(model: str, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
             id: str = "", parameters: dict | None = None) -> InferenceRequest:
-    return InferenceRequest(
+    req = InferenceRequest(
         model_name=model, id=id, inputs={k: tensor(k, v) for k, v in inputs.items()},
         outputs=[RequestedOutput(o) for o in outputs or []], parameters=parameters or {})
+    interpret(req)  # as the host does before any backend sees a request
+    return req
 
 
 @pytest.fixture

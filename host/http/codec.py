@@ -221,22 +221,7 @@ def request_parameters(params: Any) -> tuple[dict[str, Any], bool]:
                 raise InvalidArgumentError("Unable to parse 'binary_data_output': expected a boolean")
             binary = value
             continue
-        if key == "sequence_id":
-            if not (_nonneg_int(value) or type(value) is str):
-                raise InvalidArgumentError(
-                    "Unable to parse 'sequence_id': expected an unsigned integer or a string")
-        elif key in ("sequence_start", "sequence_end"):
-            if type(value) is not bool:
-                raise InvalidArgumentError(f"Unable to parse '{key}': expected a boolean")
-        elif key in ("priority", "timeout"):
-            if not _nonneg_int(value):
-                raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned integer")
-        elif key.startswith("triton_"):
-            raise InvalidArgumentError(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-                "not be specified.")
-        else:
-            _check_parameter(key, value)
+        _check_parameter(key, value)  # reserved keys are the host's to interpret (host.parameters)
         out[key] = value
     return out, binary
 

@@ -70,12 +70,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_FILENAME = "model.py"
 MODEL_CLASS = "TritonPythonModel"
 
-# Request parameters Triton's front ends turn into request fields rather than parameters.
-_RESERVED_PARAMETERS = frozenset({
-    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-    "binary_data_output", "binary_data_size", "binary_data",
-})
-
 _module_counter = itertools.count(1)
 _import_lock = threading.Lock()  # sys.path / sys.modules juggling is process-global
 
@@ -465,34 +459,18 @@ class PythonInstance(Instance):
                       ) -> pb_utils.InferenceRequest:
         inputs = [pb_utils.Tensor._wrap(name, t.datatype, t.data) for name, t in request.inputs.items()]
         requested = request.requested_output_names or self.model.output_names
-        params = request.parameters
-        if not params:  # the common case: nothing to interpret
-            return pb_utils.InferenceRequest._incoming(
-                request_id=request.id, correlation_id=0, inputs=inputs,
-                requested_output_names=list(requested), model_name=self.model.spec.name,
-                model_version=self.model.spec.version, flags=0, timeout=0, parameters="{}",
-                cancelled=request.is_cancelled, sender=sender)
         flags = 0
-        if _truthy(params.get("sequence_start")):
+        if request.sequence_start:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-        if _truthy(params.get("sequence_end")):
+        if request.sequence_end:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-        correlation_id = getattr(request, "correlation_id", None)
-        if correlation_id is None:
-            correlation_id = params.get("sequence_id", 0)
-        if isinstance(correlation_id, str) and correlation_id.isdigit():
-            correlation_id = int(correlation_id)
-        try:
-            timeout = int(params.get("timeout", 0) or 0)
-        except (TypeError, ValueError):
-            timeout = 0
-        user_params = {k: v for k, v in params.items() if k not in _RESERVED_PARAMETERS}
+        # Reserved parameters were moved into request fields by the host (host.parameters).
+        params = request.parameters
         return pb_utils.InferenceRequest._incoming(
-            request_id=request.id, correlation_id=correlation_id, inputs=inputs,
+            request_id=request.id, correlation_id=request.sequence_id, inputs=inputs,
             requested_output_names=list(requested), model_name=self.model.spec.name,
-            model_version=self.model.spec.version, flags=getattr(request, "flags", None) or flags,
-            timeout=timeout,
-            parameters=json.dumps(user_params, default=str) if user_params else "{}",
+            model_version=self.model.spec.version, flags=flags, timeout=request.timeout_us,
+            parameters=json.dumps(params, default=str) if params else "{}",
             cancelled=request.is_cancelled, sender=sender)
 
     def _base_response(self, request: HostRequest) -> HostResponse:

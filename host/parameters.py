@@ -1,0 +1,64 @@
+"""Reserved request parameters: interpreted by the host, never passed to the model.
+
+Both front ends hand the client's request parameters over as they came; this is the one place
+that rejects the `triton_` prefix (as Triton does) and moves Triton's reserved keys into fields
+of the request, so HTTP and gRPC accept and refuse exactly the same parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from host.errors import InvalidArgumentError
+from host.inference import InferenceRequest
+
+RESERVED_PREFIX = "triton_"
+# The one `triton_` key a client may send: ask for the flags-only final response on a stream.
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+# Consumed by the HTTP front end (output format); never reaches a model.
+_FRONT_END_ONLY = ("binary_data_output",)
+
+
+def interpret(request: InferenceRequest) -> None:
+    """Validate the reserved parameters, move them into the request's fields, drop them."""
+    params = request.parameters
+    if not params:
+        return
+    user: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "sequence_id":
+            if not (_unsigned(value) or type(value) is str):
+                raise InvalidArgumentError(
+                    "Unable to parse 'sequence_id': expected an unsigned integer or a string")
+            request.sequence_id = value
+        elif key in ("sequence_start", "sequence_end"):
+            if type(value) is not bool:
+                raise InvalidArgumentError(f"Unable to parse '{key}': expected a boolean")
+            setattr(request, key, value)
+        elif key == "priority":
+            request.priority = _unsigned_or_error(key, value)
+        elif key == "timeout":
+            request.timeout_us = _unsigned_or_error(key, value)
+        elif key == EMPTY_FINAL_RESPONSE:
+            if type(value) is not bool:
+                raise InvalidArgumentError(f"Unable to parse '{key}': expected a boolean")
+            request.enable_empty_final_response = value
+        elif key in _FRONT_END_ONLY:
+            continue
+        elif key.startswith(RESERVED_PREFIX):
+            raise InvalidArgumentError(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                "not be specified.")
+        else:
+            user[key] = value
+    request.parameters = user
+
+
+def _unsigned(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _unsigned_or_error(key: str, value: Any) -> int:
+    if not _unsigned(value):
+        raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned integer")
+    return value
