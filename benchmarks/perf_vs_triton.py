@@ -7,7 +7,7 @@ anchor's ``run_pa.sh``. With ``--passes N`` the servers alternate (Triton, model
 so that the noise of this shared machine falls on both alike. Prints a table and writes docs/benchmarks.md.
 
     python benchmarks/perf_vs_triton.py [--passes 3] [--concurrency 1 8] [--skip-triton] [--skip-modelhost]
-                                        [--protocol http|grpc] [--out docs/benchmarks.md] [--no-write]
+                                        [--protocol http grpc grpc-stream] [--out docs/benchmarks.md] [--no-write]
 
 Environment: ROOT (anchor install dir, default ${TMPDIR:-/tmp}/triton-anchor), ANCHOR_DIR (the anchor scripts,
 default /work/shared/anchors/triton). Standard library only.
@@ -237,11 +237,17 @@ def modelhost_server(repo: str, logdir: str, python: str) -> Server:
 
 
 # ----------------------------------------------------------------------------------------- perf_analyzer
+# A measured mode: the perf_analyzer protocol plus its extra flags. `grpc-stream` sends every
+# request over one bidirectional ModelStreamInfer stream per client (perf_analyzer --streaming).
+MODES = {"http": ("http", []), "grpc": ("grpc", []), "grpc-stream": ("grpc", ["--streaming"])}
+
+
 def run_pa(server: Server, protocol: str, conc: int, resdir: str, tag: str) -> dict:
-    url = f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}"
+    pa_protocol, extra = MODES[protocol]
+    url = f"127.0.0.1:{server.http_port if pa_protocol == 'http' else server.grpc_port}"
     csvpath = os.path.join(resdir, f"{tag}.c{conc}.csv")
     logpath = os.path.join(resdir, f"{tag}.c{conc}.log")
-    argv = [os.path.join(ROOT, "pa", "perf_analyzer"), "-m", MODEL, "-u", url, "-i", protocol,
+    argv = [os.path.join(ROOT, "pa", "perf_analyzer"), "-m", MODEL, "-u", url, "-i", pa_protocol, *extra,
             "--concurrency-range", f"{conc}:{conc}", *PA_FLAGS, "-f", csvpath]
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(site_packages(), "nvidia", "cuda_runtime", "lib"))
     row = {"server": server.name, "protocol": protocol, "concurrency": conc, "ok": False, "error": "",
@@ -278,8 +284,8 @@ def failure_summary(text: str) -> str:
 
 def fmt_row(r: dict) -> str:
     if not r["ok"]:
-        return f"{r['server']:10s} {r['protocol']:5s} c={r['concurrency']:<3d} FAILED {r['error']}"
-    return (f"{r['server']:10s} {r['protocol']:5s} c={r['concurrency']:<3d} {r['infer_s']:9.1f} infer/s  "
+        return f"{r['server']:10s} {r['protocol']:11s} c={r['concurrency']:<3d} FAILED {r['error']}"
+    return (f"{r['server']:10s} {r['protocol']:11s} c={r['concurrency']:<3d} {r['infer_s']:9.1f} infer/s  "
             f"p50={r['p50_ms']:6.2f} ms  p99={r['p99_ms']:6.2f} ms")
 
 
@@ -363,7 +369,7 @@ def summary_lines(summary: list[dict], markdown: bool) -> list[str]:
         lines = ["| server | protocol | concurrency | infer/s (median) | infer/s range | p50 ms | p99 ms | "
                  "passes ok |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     else:
-        lines = [f"{'server':10s} {'proto':5s} {'conc':>4s} {'infer/s':>9s} {'range':>17s} {'p50 ms':>7s} "
+        lines = [f"{'server':10s} {'proto':11s} {'conc':>4s} {'infer/s':>9s} {'range':>17s} {'p50 ms':>7s} "
                  f"{'p99 ms':>7s} {'ok':>5s}"]
     for s in summary:
         ok = f"{s['ok']}/{s['passes']}"
@@ -376,7 +382,7 @@ def summary_lines(summary: list[dict], markdown: bool) -> list[str]:
             lines.append(f"| {s['server']} | {s['protocol']} | {s['concurrency']} | " + " | ".join(vals)
                          + f" | {ok} |")
         else:
-            lines.append(f"{s['server']:10s} {s['protocol']:5s} {s['concurrency']:4d} {vals[0]:>9s} "
+            lines.append(f"{s['server']:10s} {s['protocol']:11s} {s['concurrency']:4d} {vals[0]:>9s} "
                          f"{vals[1]:>17s} {vals[2]:>7s} {vals[3]:>7s} {ok:>5s}")
     # ratio modelhost / triton where both are present
     for s in summary:
@@ -432,7 +438,7 @@ def write_markdown(path: str, args, command: str, started: str, wall: float, mac
            *([] if args.skip_modelhost else [
                f"- modelhost {vers['modelhost']} (`python -m host serve`, Python {machine['python']})"]),
            f"- Passes: {args.passes}; concurrency: {' '.join(map(str, args.concurrency))}; protocol: "
-           f"{args.protocol}"]
+           f"{' '.join(args.protocol)}"]
     if notes:
         md += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -452,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="levels (default: 1 8)")
     ap.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
     ap.add_argument("--skip-modelhost", action="store_true", help="do not measure modelhost")
-    ap.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    ap.add_argument("--protocol", choices=list(MODES), nargs="+", default=["http"],
+                    help="one or more of http, grpc, grpc-stream (default: http)")
     ap.add_argument("--out", default=os.path.join(REPO_ROOT, "docs", "benchmarks.md"),
                     help="markdown report (default docs/benchmarks.md)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not write the report")
@@ -493,19 +500,21 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     server.start()
                     meta.setdefault(server.name, server.metadata)
-                    for c in args.concurrency:
-                        r = run_pa(server, args.protocol, c, work, f"p{p}.{server.name}.{args.protocol}")
-                        r["pass"] = p
-                        rows.append(r)
-                        log(f"pass {p}: " + fmt_row(r) + f"  ({r['seconds']} s)")
+                    for proto in args.protocol:
+                        for c in args.concurrency:
+                            r = run_pa(server, proto, c, work, f"p{p}.{server.name}.{proto}")
+                            r["pass"] = p
+                            rows.append(r)
+                            log(f"pass {p}: " + fmt_row(r) + f"  ({r['seconds']} s)")
                 except RuntimeError as e:
                     log(f"pass {p}: {server.name} FAILED: {e}")
                     msg = failure_summary(str(e))
                     notes.append(f"pass {p}: {server.name} failed: {msg}")
-                    for c in args.concurrency:
-                        rows.append({"pass": p, "server": server.name, "protocol": args.protocol,
-                                     "concurrency": c, "ok": False, "error": msg, "infer_s": None,
-                                     "p50_ms": None, "p99_ms": None})
+                    for proto in args.protocol:
+                        for c in args.concurrency:
+                            rows.append({"pass": p, "server": server.name, "protocol": proto,
+                                         "concurrency": c, "ok": False, "error": msg, "infer_s": None,
+                                         "p50_ms": None, "p99_ms": None})
                 finally:
                     server.stop()
                     server = None
