@@ -209,24 +209,26 @@ class Host:
         mv.begin_request()
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
-        failed = False
+        error: HostError | None = None
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
-            nonlocal failed
+            nonlocal error
             if request.completed:
                 log.warning("model '%s' sent a response after the final one; dropped", name)
                 return
             if response is not None:
                 response.model_name, response.model_version, response.id = name, version, request.id
                 if response.error is not None:
-                    failed = True
+                    error = response.error
                 elif wanted is not None:
                     response.outputs = [t for t in response.outputs if t.name in wanted]
             if final:
                 request.completed = True
                 now = time.perf_counter_ns()
-                queued = (request.exec_start_ns or now) - request.enqueue_ns
-                stats.request_done(not failed, now - request.enqueue_ns, queued)
+                started = request.exec_start_ns
+                stats.request_done(error is None, now - request.enqueue_ns,
+                                   (started or now) - request.enqueue_ns,
+                                   request.batch_size if started else 0, error)
                 mv.end_request()
             callback(response, final)
 

@@ -36,31 +36,41 @@ class InstanceSlot:
 
 
 def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest]) -> None:
-    """Run one execute and make sure every request of a non-decoupled model gets its response."""
+    """Run one execute and make sure every request of a non-decoupled model gets its response.
+
+    Statistics: compute_input is up to the `execute` call, compute_infer the call, compute_output
+    the handing out of the responses (see host.stats)."""
     start = time.perf_counter_ns()
+    rows = 0
     for r in requests:
         r.exec_start_ns = start
+        rows += r.batch_size
+    called = time.perf_counter_ns()
+    failure: Exception | None = None
     try:
         responses = slot.instance.execute(requests)
     except Exception as exc:  # the backend's failure becomes each request's error
-        err = exc if isinstance(exc, HostError) else InternalError(str(exc) or type(exc).__name__)
-        if not isinstance(exc, HostError):
-            log.exception("model '%s' execute failed", model.name)
+        responses, failure = None, exc
+    model.stats.execution_done(len(requests), rows, time.perf_counter_ns() - called, called - start)
+    handing = time.perf_counter_ns()
+    if failure is not None:
+        err = failure if isinstance(failure, HostError) else InternalError(
+            str(failure) or type(failure).__name__)
+        if not isinstance(failure, HostError):
+            log.error("model '%s' execute failed", model.name, exc_info=failure)
         _fail(requests, err)
-    else:
-        if responses is not None:
-            if len(responses) != len(requests):
-                _fail(requests, InternalError(
-                    f"model '{model.name}' returned {len(responses)} responses for "
-                    f"{len(requests)} requests"))
-            else:
-                for request, response in zip(requests, responses):
-                    if not request.completed:
-                        request.respond(response, True)
-    model.stats.execution_done(len(requests), sum(r.batch_size for r in requests),
-                               time.perf_counter_ns() - start)
+    elif responses is not None:
+        if len(responses) != len(requests):
+            _fail(requests, InternalError(
+                f"model '{model.name}' returned {len(responses)} responses for "
+                f"{len(requests)} requests"))
+        else:
+            for request, response in zip(requests, responses):
+                if not request.completed:
+                    request.respond(response, True)
     if not model.decoupled and not all(r.completed for r in requests):
         _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
+    model.stats.output_done(len(requests), rows, time.perf_counter_ns() - handing)
 
 
 def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:

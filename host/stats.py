@@ -1,4 +1,34 @@
-"""Per-model-version statistics in the shape of Triton's statistics extension."""
+"""Per-model-version statistics in the shape of Triton's statistics extension.
+
+What is counted, and when (Triton's definitions, docs/protocol/extension_statistics.md, with the
+points where this in-process host takes its timestamps):
+
+- `success` / `fail`: one per request, when its final response is delivered (`request_done`);
+  the duration runs from the moment the host scheduled the request (after validation) to that
+  final response. Failures are also counted per reason for the metrics (`failure_counts`):
+  REJECTED, CANCELED, BACKEND, OTHER, as Triton's `nv_inference_request_failure{reason=...}`.
+- `queue`: successful requests only, from scheduling to the start of the execute that served them
+  (waiting for a free instance, or in the dynamic batcher's queue).
+- `compute_input` / `compute_infer` / `compute_output`: one per request an execute served, each
+  with that execute's durations (Triton's backends report the batch's timestamps for every
+  request of the batch too). Backends run in process, so there is no tensor copy to time:
+  compute_input is the host's own work between the execute's start and the backend's `execute`
+  call (stamping the requests, counting rows); compute_infer is the `execute` call itself (for the
+  python backend that includes building the pb_utils requests and converting the responses);
+  compute_output is the host's response handling after `execute` returned (naming and filtering
+  each response and handing it to the front end that waits for it; encoding it for the wire is the
+  front end's, after that, as in Triton). One difference: a request that reached an execute and
+  then failed is counted here too (Triton counts successful requests only; for its python backend
+  that also means every request that got an error response rather than an exception).
+- `inference_count`: rows (the batch size of each request, 1 for models that do not batch) of the
+  successful requests that reached an execute; a response-cache hit is not counted.
+- `execution_count` and `batch_stats`: one per execute, by its total rows, counted as soon as
+  `execute` returned (before its responses go out); `last_inference` (ms since the epoch) is when
+  the latest execute returned. A response-cache hit counts in neither (as in Triton).
+- `cache_hit` / `cache_miss`: recorded by the response cache through `cache_hit` / `cache_miss`.
+
+Every event takes one short lock; nothing is computed per request beyond a few additions.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +36,23 @@ import threading
 import time
 from typing import Any
 
+from host.errors import CancelledError
+
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
               "cache_hit", "cache_miss")
+
+# Triton's failure reasons (the `reason` label of nv_inference_request_failure).
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
+
+def failure_reason(error: BaseException | None, executed: bool) -> str:
+    """Triton's reason for a failed request: CANCELED for a cancellation, BACKEND for a request
+    that reached an execute, OTHER for the rest. (REJECTED is Triton's queue-policy timeout, which
+    the host has no equivalent of yet.)"""
+    if isinstance(error, CancelledError):
+        return CANCELED
+    return BACKEND if executed else OTHER
 
 
 class ModelStats:
@@ -17,35 +62,89 @@ class ModelStats:
         self.name, self.version = name, version
         self._lock = threading.Lock()
         self._durations = {k: [0, 0] for k in _DURATIONS}  # count, ns
+        d = self._durations
+        self._success, self._fail, self._queue = d["success"], d["fail"], d["queue"]
+        self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
         self._batches: dict[int, list[int]] = {}  # batch size -> [count, input ns, infer ns, output ns]
+        self._failures = dict.fromkeys(FAILURE_REASONS, 0)
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
 
-    def request_done(self, ok: bool, total_ns: int, queue_ns: int) -> None:
-        with self._lock:
-            d = self._durations["success" if ok else "fail"]
-            d[0] += 1
-            d[1] += total_ns
-            if ok:
-                q = self._durations["queue"]
+    # --- the events ----------------------------------------------------------------------------
+    def request_done(self, ok: bool, total_ns: int, queue_ns: int, rows: int = 0,
+                     error: BaseException | None = None) -> None:
+        """A request's final response was delivered.
+
+        `rows`: the request's batch size if it reached an execute, else 0 (never executed: a
+        cache hit, or a failure before execution); `error`: what it failed with, if it did.
+        """
+        if ok:
+            with self._lock:
+                s, q = self._success, self._queue
+                s[0] += 1
+                s[1] += total_ns
                 q[0] += 1
                 q[1] += queue_ns
-            self.last_inference_ms = int(time.time() * 1000)
+                self.inference_count += rows
+        else:
+            reason = failure_reason(error, rows > 0)
+            with self._lock:
+                f = self._fail
+                f[0] += 1
+                f[1] += total_ns
+                self._failures[reason] += 1
 
-    def execution_done(self, requests: int, batch_size: int, infer_ns: int) -> None:
-        """One execute of `requests` requests holding `batch_size` rows in total."""
+    def execution_done(self, requests: int, batch_size: int, infer_ns: int, input_ns: int = 0) -> None:
+        """An execute of `requests` requests holding `batch_size` rows in all returned (called
+        before its responses are handed out, so a client that has its response sees the count)."""
+        now_ms = time.time_ns() // 1_000_000
         with self._lock:
             self.execution_count += 1
-            self.inference_count += batch_size
-            c = self._durations["compute_infer"]
+            if now_ms > self.last_inference_ms:
+                self.last_inference_ms = now_ms
+            i, c, o = self._input, self._infer, self._output
+            i[0] += requests
+            i[1] += input_ns * requests
             c[0] += requests
             c[1] += infer_ns * requests
-            for key in ("compute_input", "compute_output"):
-                self._durations[key][0] += requests
-            b = self._batches.setdefault(batch_size, [0, 0, 0, 0])
+            o[0] += requests  # its time comes with output_done
+            b = self._batches.get(batch_size)
+            if b is None:
+                b = self._batches[batch_size] = [0, 0, 0, 0]
             b[0] += 1
+            b[1] += input_ns
             b[2] += infer_ns
+
+    def output_done(self, requests: int, batch_size: int, output_ns: int) -> None:
+        """The responses of that execute were handed out, which took `output_ns`."""
+        with self._lock:
+            self._output[1] += output_ns * requests
+            b = self._batches.get(batch_size)
+            if b is not None:
+                b[3] += output_ns
+
+    def cache_hit(self, lookup_ns: int) -> None:
+        """A response-cache hit: looking the response up and copying it out took `lookup_ns`.
+        The request itself is then reported with `request_done(True, ..., rows=0)`."""
+        with self._lock:
+            h = self._durations["cache_hit"]
+            h[0] += 1
+            h[1] += lookup_ns
+
+    def cache_miss(self, ns: int) -> None:
+        """A response-cache miss: the lookup plus inserting the computed response took `ns`
+        (the request's own duration includes it when the insert precedes its final response)."""
+        with self._lock:
+            m = self._durations["cache_miss"]
+            m[0] += 1
+            m[1] += ns
+
+    # --- reading -------------------------------------------------------------------------------
+    def failure_counts(self) -> dict[str, int]:
+        """Failed requests by Triton's reason (REJECTED, CANCELED, BACKEND, OTHER)."""
+        with self._lock:
+            return dict(self._failures)
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
