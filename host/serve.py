@@ -1,7 +1,7 @@
-"""`modelhost serve`: gunicorn hosting the falcon app, the models in its one worker.
+"""`modelhost serve`: gunicorn hosting the falcon app, with gRPC, metrics and the models in its one worker.
 
-Nothing heavy happens in the gunicorn master: the Host (plugins, models, later the gRPC server)
-is built in `load()`, which gunicorn calls inside the worker after the fork. SIGINT and SIGTERM
+Nothing heavy happens in the gunicorn master: the Host (plugins, models), the gRPC server and
+the metrics server are built in `load()`, which gunicorn calls inside the worker after the fork. SIGINT and SIGTERM
 both stop gracefully: in-flight requests finish, then every model is finalized.
 """
 
@@ -31,6 +31,8 @@ class ServerApplication(BaseApplication):
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.host: Any = None
+        self.grpc: Any = None
+        self.metrics: Any = None
         super().__init__()
 
     def load_config(self) -> None:
@@ -58,9 +60,20 @@ class ServerApplication(BaseApplication):
         from host.core import Host
         from host.http.app import create_app
 
-        self.host = Host(self.options)
+        o = self.options
+        self.host = Host(o)
         self.host.start()
-        app = create_app(self.host, max_input_size=self.options.http_max_input_size)
+        app = create_app(self.host, max_input_size=o.http_max_input_size)
+        if o.allow_grpc:
+            from host.grpc.server import start_grpc_server
+
+            self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port)
+            log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
+        if o.allow_metrics:
+            from host.metrics import start_metrics_server
+
+            self.metrics = start_metrics_server(self.host, o.metrics_address, o.metrics_port)
+            log.info("started metrics service at %s:%d", o.metrics_address, self.metrics.port)
         # What exists now (models, plugins) lives as long as the server: keep it out of the
         # collector's way, and let the young generation grow before collecting it, since a
         # request's own objects are freed by reference counting anyway.
@@ -70,6 +83,11 @@ class ServerApplication(BaseApplication):
         return app
 
     def _worker_exit(self, server: Any, worker: Any) -> None:
+        # The HTTP connections are drained by now; let gRPC calls in flight finish too.
+        if self.grpc is not None:
+            self.grpc.stop(grace=self.options.exit_timeout_secs)
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.host is not None:
             log.info("stopping: waiting for in-flight requests, then unloading models")
             self.host.stop()

@@ -1,0 +1,362 @@
+"""Triton's gRPC messages (`inference.*`) <-> `host.inference` types and the host's dicts. Pure.
+
+Inference requests: every input comes either from `raw_input_contents` (all inputs do, in input
+order; fixed-size data becomes a numpy view over the message's bytes, no copy) or from its typed
+`contents`. Responses always carry their outputs in `raw_output_contents`, as Triton sends them.
+
+Only the wire format is checked here; everything about the model (names, datatypes, shapes
+against its config) and about reserved request parameters is the host's business.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+from google.protobuf import json_format
+
+from host import datatypes
+from host.errors import InternalError, InvalidArgumentError, UnsupportedError
+from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from host.proto import grpc_service_pb2 as pb
+
+ModelInferResponse = pb.ModelInferResponse
+InferOutputTensor = pb.ModelInferResponse.InferOutputTensor
+ModelStreamInferResponse = pb.ModelStreamInferResponse
+
+# Response parameter of the stream: true on the last response of a request.
+FINAL_RESPONSE = "triton_final_response"
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
+
+# Typed contents: (field, the datatype its values carry given the tensor's datatype, the numpy
+# dtype protobuf holds them in). Triton's order (infer_handler.cc InferGRPCToInput): INT8/INT16
+# ride in int_contents and UINT8/UINT16 in uint_contents; FP16 and BF16 have no field.
+_CONTENTS = (
+    ("bool_contents", lambda dt: "BOOL", np.dtype(np.bool_)),
+    ("int_contents", lambda dt: dt if dt in ("INT8", "INT16") else "INT32", np.dtype(np.int32)),
+    ("int64_contents", lambda dt: "INT64", np.dtype(np.int64)),
+    ("uint_contents", lambda dt: dt if dt in ("UINT8", "UINT16") else "UINT32", np.dtype(np.uint32)),
+    ("uint64_contents", lambda dt: "UINT64", np.dtype(np.uint64)),
+    ("fp32_contents", lambda dt: "FP32", np.dtype(np.float32)),
+    ("fp64_contents", lambda dt: "FP64", np.dtype(np.float64)),
+    ("bytes_contents", lambda dt: "BYTES", None),
+)
+
+
+# --- parameters ------------------------------------------------------------------------------
+
+def parameters_to_dict(params: Any) -> dict[str, Any]:
+    """A map<string, InferParameter> as plain Python values (bool, int, str, float), as sent."""
+    out: dict[str, Any] = {}
+    for key, param in params.items():
+        which = param.WhichOneof("parameter_choice")
+        if which is None:
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param.")
+        out[key] = getattr(param, which)
+    return out
+
+
+def set_parameters(target: Any, params: dict[str, Any]) -> None:
+    """Fill a map<string, InferParameter> from plain Python values."""
+    for key, value in params.items():
+        param = target[key]
+        if isinstance(value, (bool, np.bool_)):
+            param.bool_param = bool(value)
+        elif isinstance(value, (int, np.integer)):
+            value = int(value)
+            if value > _INT64_MAX:
+                param.uint64_param = value
+            elif value >= _INT64_MIN:
+                param.int64_param = value
+            else:
+                raise InvalidArgumentError(f"parameter '{key}' is out of the range of int64")
+        elif isinstance(value, (float, np.floating)):
+            param.double_param = float(value)
+        elif isinstance(value, str):
+            param.string_param = value
+        else:
+            raise UnsupportedError(
+                f"parameter '{key}' of type {type(value).__name__} cannot be sent over gRPC")
+
+
+# --- shared memory: the one place that knows about it ----------------------------------------
+
+def _reject_shared_memory(params: Any, what: str) -> None:
+    """Shared-memory tensors are not supported yet (the seam for them: this function)."""
+    if "shared_memory_region" in params:
+        raise UnsupportedError(f"{what}: shared memory is not supported by this server")
+
+
+# --- request ---------------------------------------------------------------------------------
+
+def model_version(version: str) -> int:
+    """The requested version as Triton parses it (GetModelVersionFromString); '' -> -1."""
+    if not version:
+        return -1
+    try:
+        value = int(version)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"failed to get model version from specified version string '{version}' (details: "
+            "stol), version should be an integral value > 0") from None
+    if value < 0:
+        raise InvalidArgumentError(
+            f"invalid model version specified '{version}' , version should be an integral value > 0")
+    return value
+
+
+def _byte_size_mismatch(name: str, model: str, expected: int, got: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
+        f"got {got}")
+
+
+def _string_count_mismatch(name: str, model: str, expected: int, got: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"expected {expected} string elements for inference input '{name}' for model '{model}', "
+        f"got {got}")
+
+
+def _from_raw(name: str, datatype: str, shape: list[int], buf: bytes, model: str) -> np.ndarray:
+    count = datatypes.element_count(shape)
+    if datatype == "BYTES":
+        try:
+            items = datatypes.deserialize_bytes(buf)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
+        if len(items) != count:
+            raise _string_count_mismatch(name, model, count, len(items))
+        return datatypes.bytes_array(items, shape)
+    expected = datatypes.element_size(datatype) * count
+    if len(buf) != expected:
+        raise _byte_size_mismatch(name, model, expected, len(buf))
+    return np.frombuffer(buf, datatypes.to_numpy(datatype), count).reshape(shape)
+
+
+def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, model: str) -> np.ndarray:
+    found = None
+    for field, carried, dtype in _CONTENTS:
+        values = getattr(contents, field)
+        if not values:
+            continue
+        if found is not None:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}', "
+                "binary data was already supplied.")
+        if carried(datatype) != datatype:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of "
+                f"type '{carried(datatype)}', expected datatype '{datatype}'")
+        found = (values, dtype)
+    count = datatypes.element_count(shape)
+    if datatype == "BYTES":
+        items = list(found[0]) if found is not None else []
+        if len(items) != count:
+            raise _string_count_mismatch(name, model, count, len(items))
+        return datatypes.bytes_array(items, shape)
+    target = datatypes.to_numpy(datatype)
+    if found is None:
+        array = np.empty(0, target)
+    else:
+        # INT8/INT16/UINT8/UINT16 keep the low bytes of each 32-bit value, as Triton does.
+        array = np.array(found[0], dtype=found[1]).astype(target, copy=False)
+    size = datatypes.element_size(datatype)
+    if array.size != count:
+        raise _byte_size_mismatch(name, model, size * count, size * array.size)
+    return array.reshape(shape)
+
+
+def decode_infer_request(msg: Any) -> InferenceRequest:
+    """A ModelInferRequest as an InferenceRequest (parameters passed on as plain values)."""
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    raw_index = 0
+    inputs: dict[str, Tensor] = {}
+    for tensor in msg.inputs:
+        name = tensor.name
+        datatype = tensor.datatype
+        if not datatypes.is_valid(datatype):
+            raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+        shape = list(tensor.shape)
+        for d in shape:
+            if d < 0:
+                raise InvalidArgumentError(
+                    f"invalid shape {shape} for input '{name}' for model '{model}': dimensions "
+                    "must not be negative")
+        params = tensor.parameters
+        extra = {}
+        if params:
+            _reject_shared_memory(params, f"input '{name}'")
+            extra = parameters_to_dict(params)
+        if tensor.HasField("contents"):
+            if raw:
+                raise InvalidArgumentError(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{model}'")
+            data = _from_contents(name, datatype, shape, tensor.contents, model)
+        elif raw_index < len(raw):
+            data = _from_raw(name, datatype, shape, raw[raw_index], model)
+            raw_index += 1
+        else:
+            raise InvalidArgumentError(
+                f"unable to find data for input tensor '{name}' for model '{model}' in request.")
+        if name in inputs:
+            raise InvalidArgumentError(f"input '{name}' already exists in request")
+        inputs[name] = Tensor(name, datatype, shape, data, extra)
+    outputs = []
+    for out in msg.outputs:
+        oparams = out.parameters
+        extra = {}
+        if oparams:
+            _reject_shared_memory(oparams, f"output '{out.name}'")
+            extra = parameters_to_dict(oparams)
+            if extra.get("classification"):
+                raise UnsupportedError(
+                    f"output '{out.name}': the classification extension is not supported by this "
+                    "server")
+        outputs.append(RequestedOutput(out.name, extra))
+    params = msg.parameters
+    return InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
+                            id=msg.id, inputs=inputs, outputs=outputs,
+                            parameters=parameters_to_dict(params) if params else {})
+
+
+# --- response --------------------------------------------------------------------------------
+
+def _raw_output(t: Tensor) -> bytes:
+    data = t.data
+    arr = data if isinstance(data, np.ndarray) else np.asarray(data)
+    if arr.size != datatypes.element_count(t.shape):
+        raise InternalError(f"output tensor shape does not match size of output for '{t.name}'")
+    if t.datatype == "BYTES":
+        return datatypes.serialize_bytes(arr.reshape(-1))
+    want = datatypes.to_numpy(t.datatype)
+    if arr.dtype != want:
+        arr = arr.astype(want)
+    return arr.tobytes()  # C order, whatever the array's layout
+
+
+def encode_infer_response(response: InferenceResponse, request_id: str = "") -> Any:
+    """A ModelInferResponse carrying every output in raw_output_contents."""
+    outputs = []
+    raws = []
+    for t in response.outputs:
+        out = InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape)
+        if t.parameters:
+            set_parameters(out.parameters, t.parameters)
+        outputs.append(out)
+        raws.append(_raw_output(t))
+    msg = ModelInferResponse(model_name=response.model_name, model_version=str(response.model_version),
+                             id=response.id or request_id, outputs=outputs, raw_output_contents=raws)
+    if response.parameters:
+        set_parameters(msg.parameters, response.parameters)
+    return msg
+
+
+def stream_response(response: InferenceResponse, final: bool, request_id: str = "") -> Any:
+    """One response of a stream; `triton_final_response` says whether it is the request's last."""
+    msg = ModelStreamInferResponse(infer_response=encode_infer_response(response, request_id))
+    msg.infer_response.parameters[FINAL_RESPONSE].bool_param = final
+    return msg
+
+
+def stream_error(message: str, request_id: str, model_name: str = "", model_version: str = "",
+                 final: bool | None = None) -> Any:
+    """An error on a stream: the message, and the id of the request it belongs to."""
+    msg = ModelStreamInferResponse(error_message=message)
+    infer = msg.infer_response
+    infer.id = request_id
+    infer.model_name = model_name
+    infer.model_version = model_version
+    if final is not None:
+        infer.parameters[FINAL_RESPONSE].bool_param = final
+    return msg
+
+
+def stream_empty_final(request_id: str, model_name: str, model_version: str) -> Any:
+    """The flags-only final response of a decoupled model (when the client asked for it)."""
+    msg = ModelStreamInferResponse()
+    infer = msg.infer_response
+    infer.id = request_id
+    infer.model_name = model_name
+    infer.model_version = model_version
+    infer.parameters[FINAL_RESPONSE].bool_param = True
+    return msg
+
+
+# --- metadata, statistics, repository ---------------------------------------------------------
+
+def server_metadata(doc: dict[str, Any]) -> Any:
+    return pb.ServerMetadataResponse(name=doc["name"], version=doc["version"],
+                                     extensions=doc.get("extensions", []))
+
+
+def model_metadata(doc: dict[str, Any]) -> Any:
+    tensor = pb.ModelMetadataResponse.TensorMetadata
+
+    def tensors(items: Iterable[dict[str, Any]]) -> list[Any]:
+        return [tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in items]
+
+    return pb.ModelMetadataResponse(name=doc["name"], versions=doc.get("versions", []),
+                                    platform=doc.get("platform", ""),
+                                    inputs=tensors(doc.get("inputs", [])),
+                                    outputs=tensors(doc.get("outputs", [])))
+
+
+def statistics(doc: dict[str, Any]) -> Any:
+    """The statistics dict the HTTP front end serves, as a ModelStatisticsResponse."""
+    return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+
+
+def repository_index(rows: list[dict[str, Any]]) -> Any:
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return pb.RepositoryIndexResponse(models=[
+        index(name=r["name"], version=r.get("version", ""), state=r.get("state", ""),
+              reason=r.get("reason", "")) for r in rows])
+
+
+def _repository_value(param: Any) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    return None if which is None else getattr(param, which)
+
+
+def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:
+    """`config` (JSON text) and `file:<version>/<name>` (bytes) -> (config, {"<version>/<name>": bytes}).
+
+    Triton's checks and words (grpc_server.cc, RepositoryModelLoad).
+    """
+    config = None
+    files: dict[str, bytes] = {}
+    for key, param in params.items():
+        value = _repository_value(param)
+        if key == "config":
+            if type(value) is not str:
+                raise InvalidArgumentError(
+                    f"invalid value type for load parameter '{key}', expected string_param.")
+            config = value
+        elif key.startswith("file:"):
+            if type(value) is not bytes:
+                raise InvalidArgumentError(
+                    f"invalid value type for load parameter '{key}', expected bytes_param.")
+            files[key[5:]] = value
+        else:
+            raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
+    return config, files or None
+
+
+def unload_dependents(params: Any) -> bool:
+    if "unload_dependents" not in params:
+        return False
+    value = _repository_value(params["unload_dependents"])
+    if type(value) is not bool:
+        raise InvalidArgumentError(
+            "invalid value type for 'unload_dependents' parameter, expected bool_param.")
+    return value
+
+
+def check_repository_name(name: str) -> None:
+    if name:
+        raise UnsupportedError("'repository_name' specification is not supported")

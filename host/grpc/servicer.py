@@ -1,0 +1,105 @@
+"""Triton's GRPCInferenceService over a `Host`: one method per rpc.
+
+Thin by design: each unary method takes the request message, turns it into core types
+(`host.grpc.codec`), makes one call into the host and returns the response message; errors are
+the host's `HostError`s, which the transport (`host.grpc.server`) turns into a gRPC status with
+the one table in `host.grpc.status`. ModelStreamInfer returns a `host.grpc.stream.Stream`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from typing import Any, Callable, Protocol
+
+from host.errors import UnsupportedError
+from host.grpc import codec
+from host.grpc.stream import Stream, Writer
+from host.proto import grpc_service_pb2 as pb
+
+INFER_ENDPOINT = "ModelInfer RPC"
+
+
+class Call(Protocol):
+    """What a unary method may ask of its call."""
+
+    def add_cancel_callback(self, callback: Callable[[], None]) -> None:
+        """Run `callback` if the call is cancelled (by the client, a deadline, a disconnect)."""
+
+
+def _unimplemented(what: str) -> Callable[[Any, Any, Call], Any]:
+    def call(self: Servicer, request: Any, context: Call) -> Any:
+        raise UnsupportedError(f"{what} is not supported by this server")
+
+    return call
+
+
+class Servicer:
+    def __init__(self, host: Any, stream_pool: Executor) -> None:
+        self.host = host
+        self.stream_pool = stream_pool
+
+    # --- health ----------------------------------------------------------------------------
+    def ServerLive(self, request: Any, call: Call) -> Any:
+        return pb.ServerLiveResponse(live=self.host.live())
+
+    def ServerReady(self, request: Any, call: Call) -> Any:
+        return pb.ServerReadyResponse(ready=self.host.ready())
+
+    def ModelReady(self, request: Any, call: Call) -> Any:
+        codec.model_version(request.version)
+        return pb.ModelReadyResponse(ready=self.host.model_ready(request.name, request.version))
+
+    # --- metadata, configuration, statistics -----------------------------------------------
+    def ServerMetadata(self, request: Any, call: Call) -> Any:
+        return codec.server_metadata(self.host.server_metadata())
+
+    def ModelMetadata(self, request: Any, call: Call) -> Any:
+        codec.model_version(request.version)
+        return codec.model_metadata(self.host.model_metadata(request.name, request.version))
+
+    def ModelConfig(self, request: Any, call: Call) -> Any:
+        codec.model_version(request.version)
+        response = pb.ModelConfigResponse()
+        response.config.CopyFrom(self.host.model_config(request.name, request.version))
+        return response
+
+    def ModelStatistics(self, request: Any, call: Call) -> Any:
+        codec.model_version(request.version)
+        return codec.statistics(self.host.statistics(request.name, request.version))
+
+    # --- inference -------------------------------------------------------------------------
+    def ModelInfer(self, request: Any, call: Call) -> Any:
+        infer_request = codec.decode_infer_request(request)
+        call.add_cancel_callback(infer_request.cancel)
+        response = self.host.infer(infer_request, endpoint=INFER_ENDPOINT)
+        return codec.encode_infer_response(response, request.id)
+
+    def ModelStreamInfer(self, writer: Writer) -> Stream:
+        return Stream(self.host, self.stream_pool, writer)
+
+    # --- repository ------------------------------------------------------------------------
+    def RepositoryIndex(self, request: Any, call: Call) -> Any:
+        codec.check_repository_name(request.repository_name)
+        return codec.repository_index(self.host.repository_index(ready_only=request.ready))
+
+    def RepositoryModelLoad(self, request: Any, call: Call) -> Any:
+        codec.check_repository_name(request.repository_name)
+        config, files = codec.load_parameters(request.parameters)
+        self.host.load_model(request.model_name, config=config, files=files)
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: Any, call: Call) -> Any:
+        codec.check_repository_name(request.repository_name)
+        dependents = codec.unload_dependents(request.parameters)
+        self.host.unload_model(request.model_name, unload_dependents=dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # --- declared, not implemented yet (UNIMPLEMENTED) -------------------------------------
+    SystemSharedMemoryStatus = _unimplemented("system shared memory")
+    SystemSharedMemoryRegister = _unimplemented("system shared memory")
+    SystemSharedMemoryUnregister = _unimplemented("system shared memory")
+    CudaSharedMemoryStatus = _unimplemented("CUDA shared memory")
+    CudaSharedMemoryRegister = _unimplemented("CUDA shared memory")
+    CudaSharedMemoryUnregister = _unimplemented("CUDA shared memory")
+    TraceSetting = _unimplemented("trace settings")
+    LogSettings = _unimplemented("log settings")

@@ -1,0 +1,195 @@
+"""ModelStreamInfer: any number of requests on one bidirectional stream, answered concurrently.
+
+The transport hands each request message of the stream to `Stream.request` as it arrives; the
+stream gives it to the worker pool, which decodes it and submits it to the host (`Host.submit`).
+Responses come back through each request's callback, from whatever thread the model answers on,
+and go to the transport's writer (`send`, non-blocking; `finish` once everything was answered).
+
+As Triton's stream handler (server repo, src/grpc/stream_infer_handler.cc):
+- every response carries the parameter `triton_final_response` (true on a request's last one);
+- a decoupled model's flags-only final response goes out as an empty response (id, model name
+  and version, `triton_final_response: true`) only when the request set
+  `triton_enable_empty_final_response: true`;
+- the responses of non-decoupled requests go out in the order the requests came (a decoupled
+  model's responses go out as they come);
+- an error for one request is an `error_message` with that request's id; the stream stays open;
+- when the stream ends early (the client cancelled it or went away), every request of the
+  stream still in flight is cancelled.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+from host.errors import HostError, InternalError
+from host.grpc import codec
+from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
+from host.parameters import EMPTY_FINAL_RESPONSE
+
+log = logging.getLogger("host.grpc")
+
+
+class Writer(Protocol):
+    def send(self, message: Any) -> None:
+        """Queue one ModelStreamInferResponse; never blocks, keeps the order of calls."""
+
+    def finish(self) -> None:
+        """Every request was answered and no more will come: end the call (status OK)."""
+
+
+class _Slot:
+    """The place of a non-decoupled request in the stream's response order."""
+
+    __slots__ = ("message", "ready")
+
+    def __init__(self) -> None:
+        self.message: Any = None
+        self.ready = False
+
+
+class Stream:
+    def __init__(self, host: Any, pool: Executor, writer: Writer) -> None:
+        self.host = host
+        self.pool = pool
+        self.writer = writer
+        self._lock = threading.Lock()
+        self._inflight: dict[int, InferenceRequest] = {}  # by id(): requests are not hashable
+        self._pending = 0  # requests received and not finished yet
+        self._reading = True
+        self._closed = False
+        self._order: collections.deque[_Slot] = collections.deque()
+
+    # --- from the transport --------------------------------------------------------------------
+    def request(self, msg: Any) -> None:
+        """One request message arrived: run it concurrently with the others."""
+        decoupled = self._decoupled(msg)
+        slot = None
+        with self._lock:
+            if self._closed:
+                return
+            self._pending += 1
+            if not decoupled:
+                slot = _Slot()
+                self._order.append(slot)
+        try:
+            self.pool.submit(self._start, msg, slot, decoupled)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._emit(slot, codec.stream_error("the server is shutting down", msg.id))
+            self._finished()
+
+    def request_error(self, message: str) -> None:
+        """A message of the stream could not be read as a request."""
+        self.writer.send(codec.stream_error(message, ""))
+
+    def end_of_requests(self) -> None:
+        """The client closed its side: finish once the requests in flight are answered."""
+        with self._lock:
+            self._reading = False
+            done = self._pending == 0
+        if done:
+            self.writer.finish()
+
+    def cancel(self) -> None:
+        """The call ended early (cancelled, deadline, client gone): cancel what still runs."""
+        with self._lock:
+            self._closed = True
+            self._reading = False
+            running = list(self._inflight.values())
+        for request in running:
+            request.cancel()
+        if running:
+            log.info("gRPC stream ended with %d request(s) in flight: cancelled them", len(running))
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _decoupled(self, msg: Any) -> bool:
+        try:
+            config = self.host.model_config(msg.model_name, msg.model_version)
+        except HostError:
+            return False  # the error is reported when the request is submitted, in order
+        return config.model_transaction_policy.decoupled
+
+    def _start(self, msg: Any, slot: _Slot | None, decoupled: bool) -> None:
+        """On a worker: decode the request and submit it to the host."""
+        request = None
+        try:
+            request = codec.decode_infer_request(msg)
+            empty_final = request.parameters.get(EMPTY_FINAL_RESPONSE) is True
+            callback = self._callback(request, msg, slot, decoupled, empty_final)
+            with self._lock:
+                self._inflight[id(request)] = request
+                if self._closed:
+                    request.cancel()
+            self.host.submit(request, callback)
+        except Exception as exc:  # noqa: BLE001 - answered on the stream, the stream goes on
+            if request is not None:
+                with self._lock:
+                    self._inflight.pop(id(request), None)
+            if not isinstance(exc, HostError):
+                log.exception("gRPC stream request '%s' failed", msg.id)
+                exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            self._emit(slot, codec.stream_error(exc.message, msg.id))
+            self._finished()
+
+    def _callback(self, request: InferenceRequest, msg: Any, slot: _Slot | None, decoupled: bool,
+                  empty_final: bool) -> ResponseCallback:
+        rid, model, version = msg.id, msg.model_name, msg.model_version
+        answered = False
+
+        def on_response(response: InferenceResponse | None, final: bool) -> None:
+            nonlocal answered
+            out = None
+            if response is not None:
+                answered = True
+                if response.error is None:
+                    try:
+                        out = codec.stream_response(response, final, rid)
+                    except Exception as exc:  # noqa: BLE001 - the request's error, not the stream's
+                        if not isinstance(exc, HostError):
+                            log.exception("encoding a response of request '%s' failed", rid)
+                        out = codec.stream_error(getattr(exc, "message", str(exc)), rid, model,
+                                                 version, final)
+                else:
+                    out = codec.stream_error(response.error.message, rid, model, version, final)
+            elif final:
+                if decoupled:
+                    if empty_final:
+                        out = codec.stream_empty_final(rid, model, version)
+                elif not answered:
+                    out = codec.stream_error(f"model '{model}' sent no response for the request",
+                                             rid, model, version, True)
+            if out is not None or final:
+                self._emit(slot, out, final)
+            if final:
+                with self._lock:
+                    self._inflight.pop(id(request), None)
+                self._finished()
+
+        return on_response
+
+    def _emit(self, slot: _Slot | None, message: Any, final: bool = True) -> None:
+        if slot is None:
+            if message is not None:
+                self.writer.send(message)
+            return
+        with self._lock:  # held while sending, so the slots go out in their order
+            if message is not None:
+                slot.message = message
+            if not final:
+                return
+            slot.ready = True
+            order = self._order
+            while order and order[0].ready:
+                head = order.popleft()
+                if head.message is not None:
+                    self.writer.send(head.message)
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            done = not self._reading and self._pending == 0 and not self._closed
+        if done:
+            self.writer.finish()

@@ -1,0 +1,227 @@
+"""host.grpc.codec: Triton's gRPC messages <-> host.inference types, without a server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from host import datatypes
+from host.errors import Code, InvalidArgumentError, NotFoundError, UnsupportedError
+from host.grpc import codec
+from host.grpc.status import status_code
+from host.inference import InferenceResponse, Tensor
+from host.proto import grpc_service_pb2 as pb
+
+InputTensor = pb.ModelInferRequest.InferInputTensor
+
+
+def _request(*inputs, raw=(), **kwargs) -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(model_name="m", inputs=list(inputs), raw_input_contents=list(raw),
+                                **kwargs)
+
+
+def test_status_table_is_tritons() -> None:
+    import grpc
+
+    expected = {Code.UNKNOWN: grpc.StatusCode.UNKNOWN, Code.INTERNAL: grpc.StatusCode.INTERNAL,
+                Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+                Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+                Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+                Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+                Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+                Code.CANCELLED: grpc.StatusCode.CANCELLED}
+    assert {code: status_code(code) for code in Code} == expected
+
+
+def test_raw_inputs_are_views_over_the_message_bytes() -> None:
+    data = np.arange(6, dtype=np.float32)
+    msg = _request(InputTensor(name="X", datatype="FP32", shape=[2, 3]), raw=[data.tobytes()],
+                   id="r1", model_version="3")
+    request = codec.decode_infer_request(msg)
+    tensor = request.inputs["X"]
+    assert (request.id, request.model_name, request.model_version) == ("r1", "m", 3)
+    assert tensor.shape == [2, 3] and tensor.data.dtype == np.float32
+    np.testing.assert_array_equal(tensor.data, data.reshape(2, 3))
+    assert not tensor.data.flags.owndata  # a view, no copy
+
+
+def test_raw_bytes_input() -> None:
+    items = [b"a\x00b", b"", b"\xff"]
+    msg = _request(InputTensor(name="S", datatype="BYTES", shape=[3]),
+                   raw=[datatypes.serialize_bytes(items)])
+    assert list(codec.decode_infer_request(msg).inputs["S"].data) == items
+
+
+@pytest.mark.parametrize("datatype,field,values", [
+    ("BOOL", "bool_contents", [True, False]),
+    ("INT8", "int_contents", [-128, 127]),
+    ("INT16", "int_contents", [-32768, 32767]),
+    ("INT32", "int_contents", [-(2**31), 2**31 - 1]),
+    ("INT64", "int64_contents", [-(2**63), 2**63 - 1]),
+    ("UINT8", "uint_contents", [0, 255]),
+    ("UINT16", "uint_contents", [0, 65535]),
+    ("UINT32", "uint_contents", [0, 2**32 - 1]),
+    ("UINT64", "uint64_contents", [0, 2**64 - 1]),
+    ("FP32", "fp32_contents", [1.5, -2.25]),
+    ("FP64", "fp64_contents", [1e300, -0.5]),
+    ("BYTES", "bytes_contents", [b"x\x00", b""]),
+])
+def test_typed_contents(datatype: str, field: str, values: list) -> None:
+    tensor = InputTensor(name="X", datatype=datatype, shape=[2])
+    getattr(tensor.contents, field).extend(values)
+    data = codec.decode_infer_request(_request(tensor)).inputs["X"].data
+    assert data.dtype == datatypes.to_numpy(datatype)
+    assert list(data) == values
+
+
+def test_narrow_integers_keep_the_low_bytes_as_triton() -> None:
+    tensor = InputTensor(name="X", datatype="INT8", shape=[2])
+    tensor.contents.int_contents.extend([257, -129])
+    assert list(codec.decode_infer_request(_request(tensor)).inputs["X"].data) == [1, 127]
+
+
+def test_contents_of_another_type_is_rejected_with_tritons_words() -> None:
+    tensor = InputTensor(name="X", datatype="FP16", shape=[1])
+    tensor.contents.fp32_contents.append(1.0)
+    with pytest.raises(InvalidArgumentError) as info:
+        codec.decode_infer_request(_request(tensor))
+    assert info.value.message == ("unexpected explicit tensor data for input tensor 'X' for model 'm' "
+                                  "of type 'FP32', expected datatype 'FP16'")
+    tensor = InputTensor(name="X", datatype="INT32", shape=[1])
+    tensor.contents.int_contents.append(1)
+    tensor.contents.int64_contents.append(1)
+    with pytest.raises(InvalidArgumentError, match="binary data was already supplied"):
+        codec.decode_infer_request(_request(tensor))
+
+
+def test_raw_and_contents_together_are_rejected() -> None:
+    a = InputTensor(name="A", datatype="INT32", shape=[1])
+    b = InputTensor(name="B", datatype="INT32", shape=[1])
+    b.contents.int_contents.append(1)
+    with pytest.raises(InvalidArgumentError) as info:
+        codec.decode_infer_request(_request(a, b, raw=[b"\0\0\0\0"]))
+    assert info.value.message == ("contents field must not be specified when using "
+                                  "raw_input_contents for 'B' for model 'm'")
+
+
+def test_sizes_are_checked() -> None:
+    msg = _request(InputTensor(name="X", datatype="FP32", shape=[4]), raw=[b"\0" * 12])
+    with pytest.raises(InvalidArgumentError) as info:
+        codec.decode_infer_request(msg)
+    assert info.value.message == ("input byte size mismatch for input 'X' for model 'm'. "
+                                  "Expected 16, got 12")
+    tensor = InputTensor(name="X", datatype="INT32", shape=[3])
+    tensor.contents.int_contents.extend([1, 2])
+    with pytest.raises(InvalidArgumentError, match="Expected 12, got 8"):
+        codec.decode_infer_request(_request(tensor))
+    msg = _request(InputTensor(name="S", datatype="BYTES", shape=[3]),
+                   raw=[datatypes.serialize_bytes([b"a", b"b"])])
+    with pytest.raises(InvalidArgumentError) as info:
+        codec.decode_infer_request(msg)
+    assert info.value.message == "expected 3 string elements for inference input 'S' for model 'm', got 2"
+    msg = _request(InputTensor(name="X", datatype="FP32", shape=[1]))
+    with pytest.raises(InvalidArgumentError) as info:
+        codec.decode_infer_request(msg)
+    assert info.value.message == "unable to find data for input tensor 'X' for model 'm' in request."
+
+
+def test_shared_memory_is_unsupported_in_one_place() -> None:
+    tensor = InputTensor(name="X", datatype="FP32", shape=[1])
+    tensor.parameters["shared_memory_region"].string_param = "r"
+    with pytest.raises(UnsupportedError, match="shared memory"):
+        codec.decode_infer_request(_request(tensor))
+    out = pb.ModelInferRequest.InferRequestedOutputTensor(name="Y")
+    out.parameters["shared_memory_region"].string_param = "r"
+    msg = _request(InputTensor(name="X", datatype="FP32", shape=[0]), raw=[b""], outputs=[out])
+    with pytest.raises(UnsupportedError, match="shared memory"):
+        codec.decode_infer_request(msg)
+
+
+def test_parameters_become_plain_values_passed_as_is() -> None:
+    msg = _request()
+    msg.parameters["b"].bool_param = True
+    msg.parameters["i"].int64_param = -3
+    msg.parameters["s"].string_param = "x"
+    msg.parameters["d"].double_param = 0.5
+    msg.parameters["u"].uint64_param = 2**64 - 1
+    msg.parameters["triton_enable_empty_final_response"].bool_param = True
+    msg.parameters["sequence_id"].int64_param = 7
+    params = codec.decode_infer_request(msg).parameters
+    assert params == {"b": True, "i": -3, "s": "x", "d": 0.5, "u": 2**64 - 1,
+                      "triton_enable_empty_final_response": True, "sequence_id": 7}
+    msg.parameters["unset"].Clear()
+    with pytest.raises(InvalidArgumentError, match="invalid value type for 'unset' parameter"):
+        codec.decode_infer_request(msg)
+
+
+def test_model_version_as_triton_parses_it() -> None:
+    assert codec.model_version("") == -1
+    assert codec.model_version("12") == 12
+    with pytest.raises(InvalidArgumentError, match="failed to get model version from specified"):
+        codec.model_version("x")
+    with pytest.raises(InvalidArgumentError, match="invalid model version specified '-2'"):
+        codec.model_version("-2")
+
+
+def test_response_outputs_are_raw_with_parameters() -> None:
+    out = np.arange(6, dtype=np.int32).reshape(2, 3).T  # not contiguous
+    response = InferenceResponse(
+        model_name="m", model_version="2", id="r",
+        outputs=[Tensor("A", "INT32", [3, 2], out, {"p": 1}),
+                 Tensor("B", "BYTES", [2], np.array([b"x", b"\x00"], dtype=object))],
+        parameters={"flag": True, "n": 2**63, "f": 0.25, "s": "v"})
+    msg = codec.encode_infer_response(response)
+    assert (msg.model_name, msg.model_version, msg.id) == ("m", "2", "r")
+    assert [(o.name, o.datatype, list(o.shape)) for o in msg.outputs] == [
+        ("A", "INT32", [3, 2]), ("B", "BYTES", [2])]
+    assert msg.outputs[0].parameters["p"].int64_param == 1
+    assert msg.raw_output_contents[0] == np.ascontiguousarray(out).tobytes()
+    assert datatypes.deserialize_bytes(msg.raw_output_contents[1]) == [b"x", b"\x00"]
+    params = msg.parameters
+    assert params["flag"].bool_param is True and params["n"].uint64_param == 2**63
+    assert params["f"].double_param == 0.25 and params["s"].string_param == "v"
+    assert not msg.outputs[0].HasField("contents")
+
+
+def test_stream_messages() -> None:
+    response = InferenceResponse(model_name="m", model_version="1", id="r")
+    msg = codec.stream_response(response, False)
+    assert msg.infer_response.parameters["triton_final_response"].bool_param is False
+    empty = codec.stream_empty_final("r", "m", "")
+    assert empty.infer_response.id == "r" and not empty.infer_response.outputs
+    assert empty.infer_response.parameters["triton_final_response"].bool_param is True
+    error = codec.stream_error("boom", "r")
+    assert error.error_message == "boom" and error.infer_response.id == "r"
+
+
+def test_statistics_dict_to_message() -> None:
+    doc = {"model_stats": [{"name": "m", "version": "1", "last_inference": 5, "inference_count": 2,
+                            "execution_count": 1,
+                            "inference_stats": {"success": {"count": 2, "ns": 10}},
+                            "batch_stats": [{"batch_size": 1, "compute_infer": {"count": 1, "ns": 3}}],
+                            "response_stats": {}, "memory_usage": []}]}
+    msg = codec.statistics(doc)
+    stats = msg.model_stats[0]
+    assert stats.inference_stats.success.ns == 10 and stats.batch_stats[0].compute_infer.ns == 3
+
+
+def test_load_parameters() -> None:
+    params = pb.RepositoryModelLoadRequest().parameters
+    params["config"].string_param = '{"max_batch_size": 2}'
+    params["file:1/model.py"].bytes_param = b"x"
+    assert codec.load_parameters(params) == ('{"max_batch_size": 2}', {"1/model.py": b"x"})
+    params["config"].bool_param = True
+    with pytest.raises(InvalidArgumentError, match="expected string_param"):
+        codec.load_parameters(params)
+    params = pb.RepositoryModelLoadRequest().parameters
+    params["other"].string_param = "x"
+    with pytest.raises(InvalidArgumentError, match="unrecognized load parameter 'other'"):
+        codec.load_parameters(params)
+    with pytest.raises(UnsupportedError, match="'repository_name' specification is not supported"):
+        codec.check_repository_name("r")
+
+
+def test_not_found_maps_to_not_found() -> None:
+    import grpc
+
+    assert status_code(NotFoundError("x").code) is grpc.StatusCode.NOT_FOUND
