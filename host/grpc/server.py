@@ -4,18 +4,27 @@
 ends it (in-flight calls get `grace` seconds, then are cancelled).
 
 The transport is a small event loop over grpcio's C core (`grpc._cython.cygrpc`: the completion
-queue, server and batch operations that grpcio's own `grpc.server` is built on), not `grpc.server`
-itself: that one hands every call between its polling thread and a thread pool several times
-under locks and condition variables, which costs more than the model (measured with
-perf_analyzer on a python identity model: grpc.server answers 1.4k/s with canned responses where
-this loop answers 2.7k/s; grpc.aio is no faster). Here `max_workers` threads poll one completion
-queue and each handles the event it gets to the end: a unary call is received, run (the model
-executes on that thread, as with the HTTP front end) and answered with no hand-off. While one
-thread runs a slow model, the others go on polling. A stream's requests are run on a worker pool
-(`host.grpc.stream`) so that they proceed concurrently; its responses are written one at a time,
-as the core requires, from a per-call queue.
+queue, server, call and batch operations that grpcio's own `grpc.server` is built on; nothing
+else of it is used), not `grpc.server` itself. That one hands every call between its polling
+thread and its thread pool, with locks and condition variables at each step, which costs more
+than running the model. Measured with perf_analyzer on this project's 2-core machine, canned
+responses, no model: `grpc.server` 1.4k infer/s at concurrency 1 and 1.9k at 8, `grpc.aio`
+1.3k and 2.5k, this loop 2.7k and 3.6k; with the python identity model behind it, `grpc.server`
+stayed below real Triton's gRPC front end at both concurrencies, this loop is at or above it.
 
-What of the C core is used is what `grpc/_server.py` uses, nothing more.
+How it runs:
+- One thread polls the completion queue and runs each event to the end: a unary call is
+  received, its method runs on that thread (the model executes there, as with the HTTP front
+  end) and the answer goes out, with no hand-off. More threads only cost more (contention for
+  the GIL, measured): others are woken only while every polling thread has been stuck on one
+  event for a moment (a slow model, a model load, a dynamic batcher gathering a batch), see
+  `_Pollers`.
+- A stream's requests run the same way: each on the thread that read it, the next one read
+  first, so that while one request is stuck other threads take the next ones and the requests
+  of a stream proceed concurrently (`host.grpc.stream`). Its responses are written one at a
+  time, as the core requires, from a per-call queue.
+- Every call watches for its cancellation (client cancel, deadline, disconnect): a unary call
+  cancels its request, a stream every request it has in flight.
 """
 
 from __future__ import annotations
@@ -24,7 +33,6 @@ import collections
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import grpc
@@ -152,9 +160,13 @@ class _StreamCall:
             request = pb.ModelInferRequest.FromString(data)
         except DecodeError:
             self.stream.request_error("failed to parse the request message")
+            request = ticket = None
         else:
-            self.stream.request(request)
+            ticket = self.stream.admit(request)  # its place first, then the next one is read
         self.call.start_server_batch((_ReceiveMessage(_NO_FLAGS),), self._on_message)
+        if ticket is not None:
+            # On this thread: if it takes long, other polling threads read and run the next ones.
+            self.stream.run(request, ticket)
 
     def _on_close(self, event: Any) -> None:
         cancelled = event.batch_operations[0].cancelled()
@@ -340,12 +352,10 @@ class _Pollers:
 class GrpcServer:
     """A started gRPC server; `.port` is the port it listens on (useful when 0 was asked)."""
 
-    def __init__(self, servicer: Servicer, target: str, options: tuple, max_threads: int,
-                 stream_pool: ThreadPoolExecutor) -> None:
+    def __init__(self, servicer: Servicer, target: str, options: tuple, max_threads: int) -> None:
         self._servicer = servicer
         self._unary = _unary_table(servicer)
         self._stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
-        self._stream_pool = stream_pool
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(options, False)
         self._server.register_completion_queue(self._cq)
@@ -397,7 +407,6 @@ class GrpcServer:
         self._cq.shutdown()
         self._pollers.join()
         self._server.destroy()
-        self._stream_pool.shutdown(wait=False, cancel_futures=True)
         log.info("gRPC server stopped")
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -414,8 +423,8 @@ def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 
                       compression_level: str = "none") -> GrpcServer:
     """Serve `host` over gRPC on `address:port` (port 0: any free port); returns once listening.
 
-    `max_workers` threads take calls (a unary call runs its model on the thread that took it),
-    and as many more run the requests of streams. `compression_level` (none, low, medium,
+    At most `max_workers` threads take calls and run them (a call runs its model on the thread
+    that took it; see `_Pollers`). `compression_level` (none, low, medium,
     high) compresses responses as Triton's --grpc-infer-response-compression-level does.
     """
     if compression_level not in COMPRESSION_LEVELS:
@@ -430,11 +439,8 @@ def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 
     if COMPRESSION_LEVELS[compression_level]:
         options.append(("grpc.default_compression_level", COMPRESSION_LEVELS[compression_level]))
     target = f"{_bracket(address)}:{port}"
-    stream_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc-stream")
-    server = GrpcServer(Servicer(host, stream_pool), target, tuple(options), max(1, max_workers),
-                        stream_pool)
+    server = GrpcServer(Servicer(host), target, tuple(options), max(1, max_workers))
     if not server.port:
-        stream_pool.shutdown(wait=False)
         server._server.destroy()
         raise OSError(f"failed to start the gRPC server: cannot bind {target} "
                       "(address in use or not available)")

@@ -8,7 +8,6 @@ the one table in `host.grpc.status`. ModelStreamInfer returns a `host.grpc.strea
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from typing import Any, Callable, Protocol
 
 from host.errors import UnsupportedError
@@ -34,9 +33,8 @@ def _unimplemented(what: str) -> Callable[[Any, Any, Call], Any]:
 
 
 class Servicer:
-    def __init__(self, host: Any, stream_pool: Executor) -> None:
+    def __init__(self, host: Any) -> None:
         self.host = host
-        self.stream_pool = stream_pool
 
     # --- health ----------------------------------------------------------------------------
     def ServerLive(self, request: Any, call: Call) -> Any:
@@ -75,7 +73,7 @@ class Servicer:
         return codec.encode_infer_response(response, request.id)
 
     def ModelStreamInfer(self, writer: Writer) -> Stream:
-        return Stream(self.host, self.stream_pool, writer)
+        return Stream(self.host, writer)
 
     # --- repository ------------------------------------------------------------------------
     def RepositoryIndex(self, request: Any, call: Call) -> Any:

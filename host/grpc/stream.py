@@ -1,9 +1,13 @@
 """ModelStreamInfer: any number of requests on one bidirectional stream, answered concurrently.
 
-The transport hands each request message of the stream to `Stream.request` as it arrives; the
-stream gives it to the worker pool, which decodes it and submits it to the host (`Host.submit`).
-Responses come back through each request's callback, from whatever thread the model answers on,
-and go to the transport's writer (`send`, non-blocking; `finish` once everything was answered).
+The transport (`host.grpc.server`) takes each request message as it arrives: `admit` gives it
+its place (in arrival order), then the transport asks for the next message and `run`s this one,
+which decodes it and submits it to the host (`Host.submit`). The transport runs it on the
+polling thread that read it, as it runs unary calls: while one request holds its thread (a slow
+model), the next messages of the stream are taken by other polling threads, so the requests of
+a stream proceed concurrently, and a fast one costs no hand-off between threads. Responses come
+back through each request's callback, from whatever thread the model answers on, and go to the
+transport's writer (`send`, non-blocking; `finish` once everything was answered).
 
 As Triton's stream handler (server repo, src/grpc/stream_infer_handler.cc):
 - every response carries the parameter `triton_final_response` (true on a request's last one);
@@ -22,7 +26,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from host.errors import HostError, InternalError
@@ -51,34 +54,62 @@ class _Slot:
         self.ready = False
 
 
+class Ticket:
+    """An admitted request: its place in the response order (if it has one) and its kind."""
+
+    __slots__ = ("slot", "decoupled")
+
+    def __init__(self, slot: _Slot | None, decoupled: bool) -> None:
+        self.slot = slot
+        self.decoupled = decoupled
+
+
 class Stream:
-    def __init__(self, host: Any, pool: Executor, writer: Writer) -> None:
+    def __init__(self, host: Any, writer: Writer) -> None:
         self.host = host
-        self.pool = pool
         self.writer = writer
         self._lock = threading.Lock()
         self._inflight: dict[int, InferenceRequest] = {}  # by id(): requests are not hashable
-        self._pending = 0  # requests received and not finished yet
+        self._pending = 0  # requests admitted and not finished yet
         self._reading = True
         self._closed = False
         self._order: collections.deque[_Slot] = collections.deque()
 
     # --- from the transport --------------------------------------------------------------------
-    def request(self, msg: Any) -> None:
-        """One request message arrived: run it concurrently with the others."""
+    def admit(self, msg: Any) -> Ticket | None:
+        """A request message arrived: give it its place. None: the stream is over, drop it."""
         decoupled = self._decoupled(msg)
-        slot = None
         with self._lock:
             if self._closed:
-                return
+                return None
             self._pending += 1
+            slot = None
             if not decoupled:
                 slot = _Slot()
                 self._order.append(slot)
+        return Ticket(slot, decoupled)
+
+    def run(self, msg: Any, ticket: Ticket) -> None:
+        """Decode an admitted request and submit it to the host; errors go out on the stream."""
+        slot = ticket.slot
+        request = None
         try:
-            self.pool.submit(self._start, msg, slot, decoupled)
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            self._emit(slot, codec.stream_error("the server is shutting down", msg.id))
+            request = codec.decode_infer_request(msg)
+            empty_final = request.parameters.get(EMPTY_FINAL_RESPONSE) is True
+            callback = self._callback(request, msg, slot, ticket.decoupled, empty_final)
+            with self._lock:
+                self._inflight[id(request)] = request
+                if self._closed:
+                    request.cancel()
+            self.host.submit(request, callback)
+        except Exception as exc:  # noqa: BLE001 - answered on the stream, the stream goes on
+            if request is not None:
+                with self._lock:
+                    self._inflight.pop(id(request), None)
+            if not isinstance(exc, HostError):
+                log.exception("gRPC stream request '%s' failed", msg.id)
+                exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            self._emit(slot, codec.stream_error(exc.message, msg.id))
             self._finished()
 
     def request_error(self, message: str) -> None:
@@ -111,28 +142,6 @@ class Stream:
         except HostError:
             return False  # the error is reported when the request is submitted, in order
         return config.model_transaction_policy.decoupled
-
-    def _start(self, msg: Any, slot: _Slot | None, decoupled: bool) -> None:
-        """On a worker: decode the request and submit it to the host."""
-        request = None
-        try:
-            request = codec.decode_infer_request(msg)
-            empty_final = request.parameters.get(EMPTY_FINAL_RESPONSE) is True
-            callback = self._callback(request, msg, slot, decoupled, empty_final)
-            with self._lock:
-                self._inflight[id(request)] = request
-                if self._closed:
-                    request.cancel()
-            self.host.submit(request, callback)
-        except Exception as exc:  # noqa: BLE001 - answered on the stream, the stream goes on
-            if request is not None:
-                with self._lock:
-                    self._inflight.pop(id(request), None)
-            if not isinstance(exc, HostError):
-                log.exception("gRPC stream request '%s' failed", msg.id)
-                exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-            self._emit(slot, codec.stream_error(exc.message, msg.id))
-            self._finished()
 
     def _callback(self, request: InferenceRequest, msg: Any, slot: _Slot | None, decoupled: bool,
                   empty_final: bool) -> ResponseCallback:
