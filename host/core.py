@@ -230,6 +230,9 @@ class Host:
                                    (started or now) - request.enqueue_ns,
                                    request.batch_size if started else 0, error)
                 mv.end_request()
+                # The request refers to this closure and the closure to the request: break the
+                # cycle so reference counting frees both, instead of a garbage collection pause.
+                request.callback = _after_final
             callback(response, final)
 
         request.callback = on_response
@@ -274,6 +277,10 @@ class Host:
                 raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
+
+
+def _after_final(response: InferenceResponse | None, final: bool) -> None:
+    log.warning("a response was sent after the final response of its request; dropped")
 
 
 def _version(version: str | int) -> int:
