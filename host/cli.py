@@ -27,7 +27,7 @@ def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool =
 
 
 def _serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over HTTP",
+    p = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC",
                        description="Serve Triton model repositories (KServe V2 / Triton protocol).")
     p.add_argument("--model-repository", "--model-store", action="append", type=Path, dest="repos",
                    metavar="DIR", help="model repository root (repeatable; default ./model_repository)")
@@ -49,11 +49,14 @@ def _serve_parser(sub) -> None:
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--grpc-infer-response-compression-level", default="none",
+                   choices=("none", "low", "medium", "high"),
+                   help="compress gRPC responses (requests are accepted gzip/deflate-compressed)")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
     _flag(p, "--allow-http", "serve HTTP", default=True)
-    _flag(p, "--allow-grpc", "serve gRPC (its server comes with the gRPC front end)", default=True)
-    _flag(p, "--allow-metrics", "serve metrics (with the metrics front end)", default=True)
+    _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
+    _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
@@ -76,6 +79,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_max_input_size=args.http_max_input_size,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc_compression_level=args.grpc_infer_response_compression_level,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=args.allow_http,

@@ -24,6 +24,7 @@ class ServerOptions:
     http_max_input_size: int = 64 * 1024 * 1024
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_compression_level: str = "none"  # none | low | medium | high (responses)
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     allow_http: bool = True

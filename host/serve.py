@@ -67,7 +67,8 @@ class ServerApplication(BaseApplication):
         if o.allow_grpc:
             from host.grpc.server import start_grpc_server
 
-            self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port)
+            self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
+                                          compression_level=o.grpc_compression_level)
             log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         if o.allow_metrics:
             from host.metrics import start_metrics_server
