@@ -454,6 +454,26 @@ def test_compressed_requests(client: grpcclient.InferenceServerClient) -> None:
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
 
 
+def test_sync_client_async_infer_callbacks(client: grpcclient.InferenceServerClient) -> None:
+    """tritonclient.grpc's callback API: many requests in flight, each answered through its callback."""
+    import queue
+
+    done: queue.Queue = queue.Queue()
+    for k in range(8):
+        x = np.full(16, k, dtype=np.float32)
+        client.async_infer("identity_fp32", [_input("INPUT0", x)],
+                           callback=lambda result, error, k=k: done.put((k, result, error)),
+                           request_id=f"r{k}")
+    got = {}
+    for _ in range(8):
+        k, result, error = done.get(timeout=30)
+        assert error is None, error
+        got[k] = result
+    for k, result in got.items():
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(16, k, np.float32))
+        assert result.get_response().id == f"r{k}"
+
+
 def test_aio_client(endpoint: Endpoint) -> None:
     import asyncio
 
