@@ -519,9 +519,3 @@ class PythonInstance(Instance):
             host.outputs.append(HostTensor(name=name, datatype=datatype, shape=list(data.shape),
                                            data=data))
         return host
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.lower() in ("1", "true", "yes")
-    return bool(value)
