@@ -54,7 +54,7 @@ def _serve_parser(sub) -> None:
                    help="compress gRPC responses (requests are accepted gzip/deflate-compressed)")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
-    _flag(p, "--allow-http", "serve HTTP", default=True)
+    _flag(p, "--allow-http", "accepted for compatibility: HTTP is always served", default=True)
     _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
