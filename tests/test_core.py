@@ -290,12 +290,18 @@ def test_unload_waits_for_inflight_and_rejects_new(tmp_path):
     host.start()
     result = []
     t = threading.Thread(target=lambda: result.append(host.infer(request("slow", [1]))))
+    mv = host.manager.get("slow")
     t.start()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while mv.inflight < 1 and time.monotonic() < deadline:  # the request is in flight
+        time.sleep(0.01)
     unloader = threading.Thread(target=host.unload_model, args=("slow",))
     unloader.start()
-    time.sleep(0.2)
-    assert unloader.is_alive(), "unload must wait for the in-flight request"
+    deadline = time.monotonic() + 10
+    while mv.state != "UNLOADING" and time.monotonic() < deadline:  # bounded wait, no fixed sleep
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert mv.state == "UNLOADING" and unloader.is_alive(), "unload must wait for the in-flight request"
     with pytest.raises(UnavailableError):
         host.infer(request("slow", [1]))
     GATES["slow"].set()

@@ -37,6 +37,7 @@ class TritonPythonModel:
         self.marker = os.path.join(args["model_repository"], "finalized")
 
     def execute(self, requests):
+        open(self.marker + ".started", "w").close()
         time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
         return [pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
@@ -72,8 +73,7 @@ def test_signal_lets_inflight_request_finish_then_finalizes(tmp_path, sig):
         result: list[np.ndarray] = []
         t = threading.Thread(target=lambda: result.append(infer(client, "slow", [1, 2, 3])))
         t.start()
-        wait_until(lambda: server.log_text() != "" and t.is_alive(), timeout=5)
-        threading.Event().wait(0.3)  # the request is inside execute now
+        wait_until(lambda: (path / "finalized.started").exists(), timeout=20)  # inside execute now
         assert server.stop(sig, timeout=30) == 0, server.log_text()[-3000:]
         t.join(30)
         assert result and result[0].tolist() == [1, 2, 3]
