@@ -183,6 +183,10 @@ def test_queue_time_is_the_wait_for_an_instance(tmp_path, gate):
     assert ENTERED[gate].wait(10)  # the only instance is busy with the first request
     second = threading.Thread(target=host.infer, args=(request("gated", [2]),))
     second.start()
+    mv = host.manager.get("gated")
+    deadline = time.monotonic() + 10
+    while mv.inflight < 2 and time.monotonic() < deadline:  # the second request is queued
+        time.sleep(0.01)
     time.sleep(0.2)
     GATES[gate].set()
     first.join(10)
