@@ -202,6 +202,7 @@ class Host:
     def _admit(mv: ModelVersion, request: InferenceRequest) -> None:
         """The checks every request passes before it is scheduled, whatever its front end."""
         parameters.interpret(request)
+        parameters.check_outputs(request)
         mv.rules.check(request)
 
     def _prepare(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:

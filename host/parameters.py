@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from host.errors import InvalidArgumentError
+from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest
 
 RESERVED_PREFIX = "triton_"
@@ -52,6 +52,26 @@ def interpret(request: InferenceRequest) -> None:
         else:
             user[key] = value
     request.parameters = user
+
+
+def check_outputs(request: InferenceRequest) -> None:
+    """Requested outputs: each named once, and no extension this host does not provide."""
+    outputs = request.outputs
+    if len(outputs) > 1 and len({o.name for o in outputs}) != len(outputs):
+        seen: set[str] = set()
+        for o in outputs:
+            if o.name in seen:
+                raise InvalidArgumentError(f"output '{o.name}' already exists in request")
+            seen.add(o.name)
+    for o in outputs:
+        params = o.parameters
+        if not params:
+            continue
+        if params.get("classification"):
+            raise UnsupportedError(
+                f"output '{o.name}': the classification extension is not supported by this server")
+        if any(key.startswith("shared_memory_") for key in params):
+            raise UnsupportedError(f"output '{o.name}': shared memory is not supported by this server")
 
 
 def _unsigned(value: Any) -> bool:

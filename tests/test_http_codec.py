@@ -374,14 +374,8 @@ MALFORMED = [
      "Unable to parse 'outputs'"),
     ("output_no_name", _json_request(INT_IN, outputs=[{}]), None, InvalidArgumentError,
      "Unable to parse 'name' of output 0"),
-    ("duplicate_output", _json_request(INT_IN, outputs=[{"name": "A"}, {"name": "A"}]), None,
-     InvalidArgumentError, "output 'A' already exists in request"),
     ("binary_data_not_bool", _json_request(INT_IN, outputs=[{"name": "A", "parameters": {"binary_data": 1}}]),
      None, InvalidArgumentError, "Unable to parse 'binary_data' of output 'A'"),
-    ("output_shared_memory", _json_request(INT_IN, outputs=[{"name": "A", "parameters": {"shared_memory_region": "r"}}]),
-     None, UnsupportedError, "shared memory is not supported"),
-    ("classification", _json_request(INT_IN, outputs=[{"name": "A", "parameters": {"classification": 3}}]),
-     None, UnsupportedError, "classification extension is not supported"),
 ]  # fmt: skip
 
 

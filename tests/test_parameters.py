@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from host.errors import InvalidArgumentError
-from host.inference import InferenceRequest, Tensor
-from host.parameters import interpret
+from host.errors import InvalidArgumentError, UnsupportedError
+from host.inference import InferenceRequest, RequestedOutput, Tensor
+from host.parameters import check_outputs, interpret
 
 
 def req(**params) -> InferenceRequest:
@@ -39,3 +39,21 @@ def test_string_sequence_id_is_accepted():
 def test_bad_reserved_parameters(params, message):
     with pytest.raises(InvalidArgumentError, match=message):
         interpret(req(**params))
+
+
+@pytest.mark.parametrize("outputs, error, message", [
+    ([("A", {}), ("A", {})], InvalidArgumentError, "output 'A' already exists in request"),
+    ([("A", {"classification": 3})], UnsupportedError, "classification extension is not supported"),
+    ([("A", {"shared_memory_region": "r"})], UnsupportedError, "shared memory is not supported"),
+])
+def test_requested_outputs_are_judged_by_the_host(outputs, error, message):
+    r = req()
+    r.outputs = [RequestedOutput(name, params) for name, params in outputs]
+    with pytest.raises(error, match=message):
+        check_outputs(r)
+
+
+def test_ordinary_requested_outputs_pass():
+    r = req()
+    r.outputs = [RequestedOutput("A", {"binary_data_size": 4}), RequestedOutput("B")]
+    check_outputs(r)

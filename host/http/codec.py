@@ -315,8 +315,6 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
         name = item.get("name")
         if type(name) is not str:
             raise InvalidArgumentError(f"Unable to parse 'name' of output {index}: expected a string")
-        if name in binary:
-            raise InvalidArgumentError(f"output '{name}' already exists in request")
         params = item.get("parameters")
         extra: dict[str, Any] = {}
         is_binary = None
@@ -330,15 +328,7 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
                         raise InvalidArgumentError(
                             f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
                     is_binary = value
-                elif key == "classification":
-                    if value:
-                        raise UnsupportedError(
-                            f"output '{name}': the classification extension is not supported by "
-                            "this server")
-                elif key.startswith("shared_memory_"):
-                    raise UnsupportedError(
-                        f"output '{name}': shared memory is not supported by this server")
-                else:
+                else:  # the host judges the rest (host.parameters.check_outputs)
                     extra[key] = value
         binary[name] = is_binary  # type: ignore[assignment]
         requested.append(RequestedOutput(name, extra))
