@@ -1,0 +1,173 @@
+"""A small decoder-only transformer that reads and writes the paged KV cache directly.
+
+Random weights from a fixed seed (no downloads): `TinyDecoder(DecoderConfig(seed=...))` is the
+same model on every machine. Pre-norm blocks, learned positions, multi-head attention, GELU MLP,
+an output projection of its own.
+
+`forward(batch, cache)` runs one iteration's flat batch (`host.inflight.step.StepBatch`): the
+projections run once over all tokens of all requests; each token's key and value go into its cache
+slot; attention reads each request's own slots only:
+- decode tokens (one per request in generation) all at once: their requests' keys are gathered
+  into one flat run, scores computed per (token, key) pair, and a softmax per segment (scatter
+  max / index_add), so no request is padded to the longest;
+- context chunks one by one with scaled_dot_product_attention over the request's cached keys
+  (causal; a chunk after the first sees every earlier token of its request).
+
+`reference_logits(tokens)` is the textbook computation (no cache, whole sequence, causal
+attention) the tests check the paged path against.
+
+Any model with the same `forward` contract and the attributes `layers`, `heads`, `head_dim`,
+`vocab_size`, `max_seq_len`, `dtype`, `device` can run under the batch manager.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from host.inflight.kv_cache import KVCache
+    from host.inflight.step import StepBatch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+@dataclass
+class DecoderConfig:
+    vocab_size: int = 512
+    d_model: int = 128
+    heads: int = 4
+    layers: int = 2
+    d_ff: int = 512
+    max_seq_len: int = 1024
+    seed: int = 0
+    dtype: str = "float32"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DecoderConfig:
+        known = cls.__dataclass_fields__
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ValueError(f"unknown decoder settings: {', '.join(sorted(unknown))}")
+        return cls(**{k: type(getattr(cls, k))(v) for k, v in values.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Block(nn.Module):
+    def __init__(self, c: DecoderConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c.d_model)
+        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
+        self.out = nn.Linear(c.d_model, c.d_model)
+        self.ln2 = nn.LayerNorm(c.d_model)
+        self.up = nn.Linear(c.d_model, c.d_ff)
+        self.down = nn.Linear(c.d_ff, c.d_model)
+
+
+class TinyDecoder(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        if config.d_model % config.heads:
+            raise ValueError(f"d_model {config.d_model} is not a multiple of heads {config.heads}")
+        self.config = config
+        self.vocab_size, self.max_seq_len = config.vocab_size, config.max_seq_len
+        self.layers, self.heads = config.layers, config.heads
+        self.head_dim = config.d_model // config.heads
+        self.dtype = DTYPES[config.dtype]
+        self.device = torch.device("cpu")
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.max_seq_len, config.d_model)
+        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.layers))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        # Not tied to the embedding: with random weights a tied head predicts the input token
+        # itself, and greedy decoding would repeat one token forever.
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._init_weights(config.seed)
+        self.to(self.dtype)
+        self.eval()
+
+    def _init_weights(self, seed: int) -> None:
+        """Deterministic random weights, scaled so the logits are spread (a sharp, varied
+        distribution makes greedy decoding meaningful to compare)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.dim() == 1:  # layer-norm gains
+                    p.fill_(1.0)
+                else:
+                    std = 1.0 if "embed" in name or name.startswith("pos") else p.shape[1] ** -0.5
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def to_device(self, device: torch.device | str) -> TinyDecoder:
+        self.device = torch.device(device)
+        return self.to(self.device)
+
+    # --- the paged path --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        """Logits [rows of batch.logits_index, vocab] for one flat iteration batch."""
+        x = self.embed(batch.input_ids) + self.pos(batch.positions)
+        t = x.shape[0]
+        for i, blk in enumerate(self.blocks):
+            qkv = blk.qkv(blk.ln1(x)).view(t, 3, self.heads, self.head_dim)
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+            keys, values = cache.keys[i], cache.values[i]
+            keys.index_copy_(0, batch.slots, k)
+            values.index_copy_(0, batch.slots, v)
+            attn = torch.empty_like(q)
+            if batch.num_decode:
+                attn[:batch.num_decode] = self._decode_attention(q[:batch.num_decode], keys, values, batch)
+            for c in batch.contexts:
+                qc = q[c.start:c.start + c.length].transpose(0, 1)  # [H, n, D]
+                kc = keys[c.kv_slots].transpose(0, 1)
+                vc = values[c.kv_slots].transpose(0, 1)
+                if c.mask is None:
+                    o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+                else:
+                    o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask)
+                attn[c.start:c.start + c.length] = o.transpose(0, 1)
+            x = x + blk.out(attn.reshape(t, -1))
+            x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
+        x = self.ln_f(x[batch.logits_index])
+        return self.head(x)
+
+    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          batch: StepBatch) -> torch.Tensor:
+        """Attention of one query per request over that request's keys, all requests in one
+        flat run (segments of different lengths, no padding)."""
+        seg = batch.decode_segment
+        k = keys[batch.decode_kv_slots]  # [S, H, D]
+        v = values[batch.decode_kv_slots]
+        scores = (q[seg] * k).sum(-1) * (1.0 / math.sqrt(self.head_dim))  # [S, H]
+        n, heads = q.shape[0], q.shape[1]
+        seg_h = seg[:, None].expand(-1, heads)
+        peak = torch.full((n, heads), -math.inf, dtype=scores.dtype)
+        peak.scatter_reduce_(0, seg_h, scores, reduce="amax")
+        weights = torch.exp(scores - peak[seg])
+        total = torch.zeros((n, heads), dtype=scores.dtype).index_add_(0, seg, weights)
+        out = torch.zeros_like(q).index_add_(0, seg, weights[..., None] * v)
+        return out / total[..., None]
+
+    # --- the reference path ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def reference_logits(self, tokens: list[int]) -> torch.Tensor:
+        """Logits [len(tokens), vocab] by plain causal attention over the whole sequence."""
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        x = self.embed(ids) + self.pos(torch.arange(len(tokens)))
+        t = x.shape[0]
+        for blk in self.blocks:
+            qkv = blk.qkv(blk.ln1(x)).view(t, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)
+            o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            x = x + blk.out(o.transpose(0, 1).reshape(t, -1))
+            x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
+        return self.head(self.ln_f(x))
