@@ -134,6 +134,19 @@ class TritonCollector:
         yield from families[1:]
         if any_cache:
             yield from cache
+        yield from _model_families(loaded.values())
+
+
+def _model_families(loaded: Iterable[Any]) -> Iterator[Metric]:
+    """Families the backends add (`host.backend.Model.metrics`), merged by name."""
+    merged: dict[str, Metric] = {}
+    for mv in loaded:
+        for family in mv.metrics():
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+    yield from merged.values()
 
 
 def _cache_enabled(mv: Any) -> bool:

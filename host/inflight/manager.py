@@ -174,7 +174,7 @@ class BatchManager:
         if rid in self._by_id:
             self._send(rid, {}, True, f"request id {rid} is already in flight")
             return
-        problem = self._check(request)
+        problem = self.check(request)
         if problem:
             self._send(rid, {}, True, problem)
             return
@@ -182,7 +182,8 @@ class BatchManager:
         self._by_id[rid] = seq
         self.waiting.append(seq)
 
-    def _check(self, r: GenerationRequest) -> str:
+    def check(self, r: GenerationRequest) -> str:
+        """Why `r` can never run here ('' if it can). Thread-safe: reads settings only."""
         model, cfg = self.model, self.config
         n = len(r.input_ids)
         if r.beam_width != 1:
