@@ -7,9 +7,10 @@ an output projection of its own.
 `forward(batch, cache)` runs one iteration's flat batch (`host.inflight.step.StepBatch`): the
 projections run once over all tokens of all requests; each token's key and value go into its cache
 slot; attention reads each request's own slots only:
-- decode tokens (one per request in generation) all at once: their requests' keys are gathered
-  into one flat run, scores computed per (token, key) pair, and a softmax per segment (scatter
-  max / index_add), so no request is padded to the longest;
+- decode tokens (one per request in generation) all at once: their requests' blocks are
+  gathered into one run, scores computed block by block, and a softmax per request across its
+  blocks (scatter max / index_add), so no request is padded to the longest (only the unused
+  tail of each request's last block is masked);
 - context chunks one by one with scaled_dot_product_attention over the request's cached keys
   (causal; a chunk after the first sees every earlier token of its request).
 
@@ -129,8 +130,8 @@ class TinyDecoder(nn.Module):
                 attn[:batch.num_decode] = self._decode_attention(q[:batch.num_decode], keys, values, batch)
             for c in batch.contexts:
                 qc = q[c.start:c.start + c.length].transpose(0, 1)  # [H, n, D]
-                kc = keys[c.kv_slots].transpose(0, 1)
-                vc = values[c.kv_slots].transpose(0, 1)
+                kc = keys.index_select(0, c.kv_slots).transpose(0, 1)
+                vc = values.index_select(0, c.kv_slots).transpose(0, 1)
                 if c.mask is None:
                     o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
                 else:
@@ -143,19 +144,26 @@ class TinyDecoder(nn.Module):
 
     def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           batch: StepBatch) -> torch.Tensor:
-        """Attention of one query per request over that request's keys, all requests in one
-        flat run (segments of different lengths, no padding)."""
-        seg = batch.decode_segment
-        k = keys[batch.decode_kv_slots]  # [S, H, D]
-        v = values[batch.decode_kv_slots]
-        scores = (q[seg] * k).sum(-1) * (1.0 / math.sqrt(self.head_dim))  # [S, H]
-        n, heads = q.shape[0], q.shape[1]
-        seg_h = seg[:, None].expand(-1, heads)
+        """Attention of one query per request over that request's keys, all requests at once.
+
+        The requests' blocks are gathered whole ([B, tokens_per_block, H, D]); slots past a
+        request's last token (in its last block only) are masked. Softmax runs per request across
+        its blocks: per-block maxima and sums, combined per request with scatter / index_add, so no
+        request is padded to the longest one."""
+        n, heads, dim = q.shape
+        bs = batch.tokens_per_block
+        seg = batch.decode_block_segment
+        kb = keys.view(-1, bs, heads, dim).index_select(0, batch.decode_blocks).permute(0, 2, 1, 3)
+        vb = values.view(-1, bs, heads, dim).index_select(0, batch.decode_blocks).permute(0, 2, 1, 3)
+        qb = q.index_select(0, seg).unsqueeze(-1)  # [B, H, D, 1]
+        scores = torch.matmul(kb, qb).squeeze(-1) * (1.0 / math.sqrt(dim))  # [B, H, bs]
+        scores.masked_fill_(batch.decode_block_empty[:, None, :], -math.inf)
         peak = torch.full((n, heads), -math.inf, dtype=scores.dtype)
-        peak.scatter_reduce_(0, seg_h, scores, reduce="amax")
-        weights = torch.exp(scores - peak[seg])
-        total = torch.zeros((n, heads), dtype=scores.dtype).index_add_(0, seg, weights)
-        out = torch.zeros_like(q).index_add_(0, seg, weights[..., None] * v)
+        peak.scatter_reduce_(0, seg[:, None].expand(-1, heads), scores.amax(-1), reduce="amax")
+        weights = torch.exp(scores - peak.index_select(0, seg)[..., None])  # [B, H, bs]
+        total = torch.zeros((n, heads), dtype=scores.dtype).index_add_(0, seg, weights.sum(-1))
+        out = torch.matmul(weights.unsqueeze(2), vb).squeeze(2)  # [B, H, D]
+        out = torch.zeros_like(q).index_add_(0, seg, out)
         return out / total[..., None]
 
     # --- the reference path ----------------------------------------------------------------------

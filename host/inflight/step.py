@@ -3,8 +3,10 @@
 There is no padding: a request in generation contributes one token, a request in context the
 tokens of its chunk. The first `num_decode` tokens are the generation requests' (one each); the
 context chunks follow. For attention each token needs the cache slots of its own request's
-tokens up to itself: `decode_kv_slots` / `decode_segment` list them for all decode tokens at
-once (segment i is decode token i's request), `contexts` per context chunk.
+tokens up to itself. Decode tokens read whole blocks: `decode_blocks` lists the blocks of
+every decode token's request, `decode_block_segment` which decode token each belongs to, and
+`decode_block_empty` which of its slots hold no token yet (only in a request's last
+block). Context chunks list their slots (`contexts`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ class StepBatch:
     input_ids: "torch.Tensor"  # [T] int64
     positions: "torch.Tensor"  # [T] int64
     slots: "torch.Tensor"  # [T] int64: where each token's key/value goes
+    tokens_per_block: int
     num_decode: int
-    decode_kv_slots: "torch.Tensor"  # [S] int64
-    decode_segment: "torch.Tensor"  # [S] int64 in 0..num_decode-1
+    decode_blocks: "torch.Tensor"  # [B] int64 block ids
+    decode_block_segment: "torch.Tensor"  # [B] int64 in 0..num_decode-1
+    decode_block_empty: "torch.Tensor"  # [B, tokens_per_block] bool: slots past the last token
     contexts: list[ContextChunk]
     logits_index: "torch.Tensor"  # [R] rows whose logits the step needs
     # per scheduled sequence: (first logits row, number of logits rows) in the model's output
@@ -68,7 +72,9 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     pos: list[int] = []
     slot_parts = []
     dec_write: list[int] = []
-    dec_slots, dec_lengths = [], []
+    dec_blocks: list[int] = []
+    dec_segment: list[int] = []
+    dec_fill: list[int] = []
     logits_index: list[int] = []
     logits_rows: list[tuple[int, int]] = []
     for i, seq in enumerate(decode):
@@ -77,13 +83,13 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         pos.append(n)
         dec_write.append(seq.block_table[n // tokens_per_block] * tokens_per_block
                          + n % tokens_per_block)
-        table = _slot_table(seq, tokens_per_block)
-        dec_slots.append(table[:n + 1])
-        dec_lengths.append(n + 1)
+        blocks = -(-(n + 1) // tokens_per_block)
+        dec_blocks.extend(seq.block_table[:blocks])
+        dec_segment.extend([i] * blocks)
+        dec_fill.extend([tokens_per_block] * (blocks - 1))
+        dec_fill.append(n + 1 - (blocks - 1) * tokens_per_block)
         logits_rows.append((len(logits_index), 1))
         logits_index.append(i)
-    if decode:
-        slot_parts.append(torch.tensor(dec_write, dtype=torch.int64))
     contexts = []
     row = len(decode)
     for seq, n in context:
@@ -109,20 +115,23 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         else:
             logits_rows.append((len(logits_index), 0))
         row += n
-    if dec_slots:
-        decode_kv_slots = torch.cat(dec_slots)
-        decode_segment = torch.repeat_interleave(
-            torch.arange(len(decode)), torch.tensor(dec_lengths))
-    else:
-        decode_kv_slots = decode_segment = torch.empty(0, dtype=torch.int64)
+    # one tensor for every integer list (a tensor per list costs more than the packing)
+    sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(dec_fill),
+             len(logits_index)]
+    flat = torch.tensor(ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index,
+                        dtype=torch.int64)
+    input_ids, positions, writes, blocks, segment, fill, logits_at = torch.split(flat, sizes)
+    slots = torch.cat([writes] + slot_parts) if slot_parts else writes
     return StepBatch(
-        input_ids=torch.tensor(ids, dtype=torch.int64),
-        positions=torch.tensor(pos, dtype=torch.int64),
-        slots=torch.cat(slot_parts) if slot_parts else torch.empty(0, dtype=torch.int64),
+        input_ids=input_ids,
+        positions=positions,
+        slots=slots,
+        tokens_per_block=tokens_per_block,
         num_decode=len(decode),
-        decode_kv_slots=decode_kv_slots,
-        decode_segment=decode_segment,
+        decode_blocks=blocks,
+        decode_block_segment=segment,
+        decode_block_empty=torch.arange(tokens_per_block) >= fill[:, None],
         contexts=contexts,
-        logits_index=torch.tensor(logits_index, dtype=torch.int64),
+        logits_index=logits_at,
         logits_rows=logits_rows,
     )
