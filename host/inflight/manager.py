@@ -154,6 +154,8 @@ class BatchManager:
             self._apply_stops()
             return False
         batch = build_step(plan.decode, plan.context, self.cache.tokens_per_block)
+        if self.model.device.type != "cpu":
+            batch = batch.to(self.model.device)
         t0 = time.perf_counter_ns()
         try:
             logits = self.model.forward(batch, self.cache)
@@ -239,7 +241,7 @@ class BatchManager:
             self._register_blocks(seq)
         if not sampling:
             return
-        chosen = logits[torch.tensor(rows)] if len(rows) != logits.shape[0] else logits
+        chosen = logits[torch.tensor(rows, device=logits.device)] if len(rows) != logits.shape[0] else logits
         tokens, log_probs = sample(sampling, chosen)
         for i, (seq, token, lp) in enumerate(zip(sampling, tokens, log_probs)):
             seq.tokens.append(token)

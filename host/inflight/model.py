@@ -158,10 +158,11 @@ class TinyDecoder(nn.Module):
         qb = q.index_select(0, seg).unsqueeze(-1)  # [B, H, D, 1]
         scores = torch.matmul(kb, qb).squeeze(-1) * (1.0 / math.sqrt(dim))  # [B, H, bs]
         scores.masked_fill_(batch.decode_block_empty[:, None, :], -math.inf)
-        peak = torch.full((n, heads), -math.inf, dtype=scores.dtype)
+        peak = torch.full((n, heads), -math.inf, dtype=scores.dtype, device=q.device)
         peak.scatter_reduce_(0, seg[:, None].expand(-1, heads), scores.amax(-1), reduce="amax")
         weights = torch.exp(scores - peak.index_select(0, seg)[..., None])  # [B, H, bs]
-        total = torch.zeros((n, heads), dtype=scores.dtype).index_add_(0, seg, weights.sum(-1))
+        total = torch.zeros((n, heads), dtype=scores.dtype, device=q.device).index_add_(
+            0, seg, weights.sum(-1))
         out = torch.matmul(weights.unsqueeze(2), vb).squeeze(2)  # [B, H, D]
         out = torch.zeros_like(q).index_add_(0, seg, out)
         return out / total[..., None]
@@ -170,8 +171,8 @@ class TinyDecoder(nn.Module):
     @torch.inference_mode()
     def reference_logits(self, tokens: list[int]) -> torch.Tensor:
         """Logits [len(tokens), vocab] by plain causal attention over the whole sequence."""
-        ids = torch.tensor(tokens, dtype=torch.int64)
-        x = self.embed(ids) + self.pos(torch.arange(len(tokens)))
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        x = self.embed(ids) + self.pos(torch.arange(len(tokens), device=self.device))
         t = x.shape[0]
         for blk in self.blocks:
             qkv = blk.qkv(blk.ln1(x)).view(t, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)

@@ -37,7 +37,7 @@ def _draw(seq: Sequence, row: torch.Tensor) -> int:
     s = seq.request.sampling
     if seq.generator is None:
         seq.generator = torch.Generator().manual_seed(s.seed)
-    probs = torch.softmax(_truncate(row / s.temperature, s.top_k, s.top_p).double(), -1)
+    probs = torch.softmax(_truncate(row.cpu() / s.temperature, s.top_k, s.top_p).double(), -1)
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 

@@ -48,6 +48,16 @@ class StepBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: "torch.device") -> StepBatch:
+        """The same batch with its tensors on `device` (built on the CPU, run where the model is)."""
+        moved = {name: getattr(self, name).to(device, non_blocking=True)
+                 for name in ("input_ids", "positions", "slots", "decode_blocks",
+                              "decode_block_segment", "decode_block_empty", "logits_index")}
+        contexts = [ContextChunk(c.start, c.length, c.offset, c.kv_slots.to(device),
+                                 None if c.mask is None else c.mask.to(device)) for c in self.contexts]
+        return StepBatch(tokens_per_block=self.tokens_per_block, num_decode=self.num_decode,
+                         contexts=contexts, logits_rows=self.logits_rows, **moved)
+
 
 def _slot_table(seq: Sequence, tokens_per_block: int) -> "torch.Tensor":
     """All slots of the sequence's blocks in order; cached until its block table changes."""
