@@ -107,7 +107,7 @@ def test_families_have_tritons_names_types_and_labels(stack):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     models = {m["name"] for m in stack.host.statistics()["model_stats"]}
     assert models == {"simple", "simple_string", "simple_identity", "identity_fp32", "batched_add",
-                      "repeat_int32"}
+                      "repeat_int32", "tiny_llm"}
     for name in INFERENCE_FAMILIES:
         assert families[name].type == "counter", name
         assert f"# TYPE {name} counter\n" in text

@@ -209,7 +209,10 @@ class InflightModel(Model):
             response = InferenceResponse(outputs=[
                 Tensor(name, _DATATYPE[a.dtype], list(a.shape), a)
                 for name, a in tensors.items() if not wanted or name in wanted])
-        request.respond(response, final)
+        try:
+            request.respond(response, final)
+        except Exception:  # one client's failure must not stop the generation loop
+            log.exception("sending a response of model '%s' failed", self.spec.name)
 
     def _poll_stop_signal(self) -> list[int]:
         with self._lock:
