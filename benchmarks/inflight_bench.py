@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--load", type=float, default=0.7, help="Poisson rate / in-flight capacity")
     p.add_argument("--d-model", type=int, help="default 512, quick 256")
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, help="grouped-query attention (default heads / 4)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the figures here")
@@ -210,8 +211,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    config = DecoderConfig(vocab_size=args.vocab, d_model=d_model, heads=max(1, d_model // 64),
-                           layers=args.layers, d_ff=4 * d_model, max_seq_len=1024, seed=args.seed)
+    heads = max(1, d_model // 64)
+    config = DecoderConfig(vocab_size=args.vocab, d_model=d_model, heads=heads,
+                           kv_heads=args.kv_heads or max(1, heads // 4), layers=args.layers, d_ff=4 * d_model, max_seq_len=1024, seed=args.seed)
     model = TinyDecoder(config)
     params = sum(p.numel() for p in model.parameters())
     kv_tokens = args.batch * 1024
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs (load {os.getloadavg()[0]:.1f}), torch {torch.__version__}, "
           f"threads intra-op {torch.get_num_threads()} inter-op {torch.get_num_interop_threads()}")
-    print(f"# model: {config.layers} layers, d_model {config.d_model}, {config.heads} heads, vocab "
+    print(f"# model: {config.layers} layers, d_model {config.d_model}, {config.heads} heads "
+          f"({config.kv_heads} KV heads), vocab "
           f"{config.vocab_size}, {params / 1e6:.1f}M parameters, float32")
     print(f"# workload: {count} requests, scale {scale}: prompts {min(len(i.prompt) for i in items)}-"
           f"{max(len(i.prompt) for i in items)} tokens, outputs mean "

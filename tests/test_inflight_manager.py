@@ -24,8 +24,8 @@ VOCAB = 256
 @pytest.fixture(scope="module")
 def model() -> TinyDecoder:
     torch.set_num_threads(1)
-    return TinyDecoder(DecoderConfig(vocab_size=VOCAB, d_model=64, heads=4, layers=2, d_ff=128,
-                                     max_seq_len=256, seed=1234, dtype="float64"))
+    return TinyDecoder(DecoderConfig(vocab_size=VOCAB, d_model=64, heads=4, kv_heads=2, layers=2,
+                                     d_ff=128, max_seq_len=256, seed=1234, dtype="float64"))
 
 
 def workload(count: int = 12, seed: int = 0, **extra) -> list[GenerationRequest]:

@@ -73,10 +73,11 @@ class BatchManager:
         self.idle_wait_s = idle_wait_s
 
         element = torch.empty((), dtype=model.dtype).element_size()
-        bytes_per_token = 2 * model.layers * model.heads * model.head_dim * element
+        kv_heads = getattr(model, "kv_heads", model.heads)
+        bytes_per_token = 2 * model.layers * kv_heads * model.head_dim * element
         blocks = pool_blocks(self.kv_config, bytes_per_token, free_memory_bytes(model.device),
                              self.config.max_batch_size * model.max_seq_len)
-        self.cache = KVCache(layers=model.layers, heads=model.heads, head_dim=model.head_dim,
+        self.cache = KVCache(layers=model.layers, heads=kv_heads, head_dim=model.head_dim,
                              num_blocks=blocks, tokens_per_block=self.kv_config.tokens_per_block,
                              dtype=model.dtype, device=model.device,
                              enable_block_reuse=self.kv_config.enable_block_reuse)

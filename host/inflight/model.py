@@ -44,6 +44,7 @@ class DecoderConfig:
     vocab_size: int = 512
     d_model: int = 128
     heads: int = 4
+    kv_heads: int = 0  # grouped-query attention: heads sharing keys/values (0: as many as heads)
     layers: int = 2
     d_ff: int = 512
     max_seq_len: int = 1024
@@ -63,10 +64,10 @@ class DecoderConfig:
 
 
 class _Block(nn.Module):
-    def __init__(self, c: DecoderConfig) -> None:
+    def __init__(self, c: DecoderConfig, kv_width: int) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(c.d_model)
-        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
+        self.qkv = nn.Linear(c.d_model, c.d_model + 2 * kv_width)
         self.out = nn.Linear(c.d_model, c.d_model)
         self.ln2 = nn.LayerNorm(c.d_model)
         self.up = nn.Linear(c.d_model, c.d_ff)
@@ -81,12 +82,16 @@ class TinyDecoder(nn.Module):
         self.config = config
         self.vocab_size, self.max_seq_len = config.vocab_size, config.max_seq_len
         self.layers, self.heads = config.layers, config.heads
+        self.kv_heads = config.kv_heads or config.heads
+        if config.heads % self.kv_heads:
+            raise ValueError(f"heads {config.heads} is not a multiple of kv_heads {self.kv_heads}")
         self.head_dim = config.d_model // config.heads
         self.dtype = DTYPES[config.dtype]
         self.device = torch.device("cpu")
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos = nn.Embedding(config.max_seq_len, config.d_model)
-        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.layers))
+        self.blocks = nn.ModuleList(_Block(config, self.kv_heads * self.head_dim)
+                                    for _ in range(config.layers))
         self.ln_f = nn.LayerNorm(config.d_model)
         # Not tied to the embedding: with random weights a tied head predicts the input token
         # itself, and greedy decoding would repeat one token forever.
@@ -120,8 +125,7 @@ class TinyDecoder(nn.Module):
         x = self.embed(batch.input_ids) + self.pos(batch.positions)
         t = x.shape[0]
         for i, blk in enumerate(self.blocks):
-            qkv = blk.qkv(blk.ln1(x)).view(t, 3, self.heads, self.head_dim)
-            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+            q, k, v = self._qkv(blk, x)
             keys, values = cache.keys[i], cache.values[i]
             keys.index_copy_(0, batch.slots, k)
             values.index_copy_(0, batch.slots, v)
@@ -133,39 +137,48 @@ class TinyDecoder(nn.Module):
                 kc = keys.index_select(0, c.kv_slots).transpose(0, 1)
                 vc = values.index_select(0, c.kv_slots).transpose(0, 1)
                 if c.mask is None:
-                    o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+                    o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
                 else:
-                    o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask)
+                    o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)
                 attn[c.start:c.start + c.length] = o.transpose(0, 1)
             x = x + blk.out(attn.reshape(t, -1))
             x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
         x = self.ln_f(x[batch.logits_index])
         return self.head(x)
 
+    def _qkv(self, blk: _Block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, kv = x.shape[0], self.kv_heads * self.head_dim
+        q, k, v = blk.qkv(blk.ln1(x)).split([self.heads * self.head_dim, kv, kv], dim=-1)
+        return (q.view(t, self.heads, self.head_dim), k.view(t, self.kv_heads, self.head_dim),
+                v.view(t, self.kv_heads, self.head_dim))
+
     def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           batch: StepBatch) -> torch.Tensor:
         """Attention of one query per request over that request's keys, all requests at once.
 
-        The requests' blocks are gathered whole ([B, tokens_per_block, H, D]); slots past a
+        The requests' blocks are gathered whole ([B, tokens_per_block, KV heads, D]); slots past a
         request's last token (in its last block only) are masked. Softmax runs per request across
         its blocks: per-block maxima and sums, combined per request with scatter / index_add, so no
-        request is padded to the longest one."""
+        request is padded to the longest one. The G query heads sharing a KV head are one small
+        matrix product per block."""
         n, heads, dim = q.shape
-        bs = batch.tokens_per_block
+        kvh, bs = self.kv_heads, batch.tokens_per_block
+        group = heads // kvh
         seg = batch.decode_block_segment
-        kb = keys.view(-1, bs, heads, dim).index_select(0, batch.decode_blocks).permute(0, 2, 1, 3)
-        vb = values.view(-1, bs, heads, dim).index_select(0, batch.decode_blocks).permute(0, 2, 1, 3)
-        qb = q.index_select(0, seg).unsqueeze(-1)  # [B, H, D, 1]
-        scores = torch.matmul(kb, qb).squeeze(-1) * (1.0 / math.sqrt(dim))  # [B, H, bs]
-        scores.masked_fill_(batch.decode_block_empty[:, None, :], -math.inf)
-        peak = torch.full((n, heads), -math.inf, dtype=scores.dtype, device=q.device)
-        peak.scatter_reduce_(0, seg[:, None].expand(-1, heads), scores.amax(-1), reduce="amax")
-        weights = torch.exp(scores - peak.index_select(0, seg)[..., None])  # [B, H, bs]
-        total = torch.zeros((n, heads), dtype=scores.dtype, device=q.device).index_add_(
+        kb = keys.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+        vb = values.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+        qb = q.view(n, kvh, group, dim).index_select(0, seg)  # [B, KVH, G, D]
+        scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
+        scores.masked_fill_(batch.decode_block_empty[:, None, None, :], -math.inf)
+        peak = torch.full((n, kvh, group), -math.inf, dtype=scores.dtype, device=q.device)
+        peak.scatter_reduce_(0, seg[:, None, None].expand(-1, kvh, group), scores.amax(-1),
+                             reduce="amax")
+        weights = torch.exp(scores - peak.index_select(0, seg)[..., None])
+        total = torch.zeros((n, kvh, group), dtype=scores.dtype, device=q.device).index_add_(
             0, seg, weights.sum(-1))
-        out = torch.matmul(weights.unsqueeze(2), vb).squeeze(2)  # [B, H, D]
-        out = torch.zeros_like(q).index_add_(0, seg, out)
-        return out / total[..., None]
+        out = torch.matmul(weights, vb)  # [B, KVH, G, D]
+        out = torch.zeros((n, kvh, group, dim), dtype=q.dtype, device=q.device).index_add_(0, seg, out)
+        return (out / total[..., None]).view(n, heads, dim)
 
     # --- the reference path ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -175,8 +188,8 @@ class TinyDecoder(nn.Module):
         x = self.embed(ids) + self.pos(torch.arange(len(tokens), device=self.device))
         t = x.shape[0]
         for blk in self.blocks:
-            qkv = blk.qkv(blk.ln1(x)).view(t, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)
-            o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            q, k, v = (a.transpose(0, 1) for a in self._qkv(blk, x))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             x = x + blk.out(o.transpose(0, 1).reshape(t, -1))
             x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
         return self.head(self.ln_f(x))

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.pt"
-DECODER_KEYS = ("vocab_size", "d_model", "heads", "layers", "d_ff", "max_seq_len", "seed", "dtype")
+DECODER_KEYS = ("vocab_size", "d_model", "heads", "kv_heads", "layers", "d_ff", "max_seq_len", "seed", "dtype")
 _TRUE = ("1", "true", "yes", "on")
 _DATATYPE = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
 
