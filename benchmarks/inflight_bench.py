@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """In-flight batching against the static schemes, on one seeded workload, in one run.
 
-    python benchmarks/inflight_bench.py            # about 5-10 minutes on a 2-core CPU
+    python benchmarks/inflight_bench.py            # 5-10 minutes on a shared 2-core CPU
     python benchmarks/inflight_bench.py --quick    # smaller model and workload, 1-3 minutes
+    python benchmarks/inflight_bench.py --scale 1  # the full lengths below (about 4x longer)
 
 Workload (seeded): prompt lengths uniform in [32, 256], output lengths exponential with mean 128
-capped at 512 (both multiplied by --scale; --quick uses 0.5), random prompt tokens; every
-request runs to its output length (no end id). Arrivals: offline (all at t=0) and Poisson at
+capped at 512, both multiplied by --scale (default 0.5 to keep the run short on a small CPU,
+--quick 0.25; printed), random prompt tokens; every request runs to its output length (no end
+id). Arrivals: offline (all at t=0) and Poisson at
 --load (default 0.7) times the in-flight capacity measured offline.
 
 Modes, all through `host.inflight.BatchManager` and the same decoder weights:
@@ -19,9 +21,11 @@ Modes, all through `host.inflight.BatchManager` and the same decoder weights:
 - in-flight: GUARANTEED_NO_EVICT, max batch B, chunked context: requests join and leave at every
   iteration.
 
-Reported: output tokens/s, time to first token (p50/p99) and, from the in-flight run's iteration
-log, the step costs at batch >= 8: forward pass, host work (everything else in the loop:
-scheduling, packing, sampling, responses, statistics) and its share of the step.
+Reported: output tokens per second of wall-clock time and per CPU-second of the manager's thread
+(with one torch thread all the work runs there; on a machine shared with other processes the CPU
+time is the steadier figure), time to first token (p50/p99), and, from the in-flight run's
+iteration log, the step costs at batch >= 8: forward pass, host work (everything else in the
+loop: scheduling, packing, sampling, responses, statistics) and its share of the step.
 """
 
 from __future__ import annotations
@@ -82,10 +86,15 @@ class Outcome:
     output_tokens: int
     ttft: list[float] = field(default_factory=list)
     iterations: int = 0
+    cpu_s: float = 0.0  # CPU time of the manager's thread (the only one working: 1 torch thread)
 
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.wall_s
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.output_tokens / self.cpu_s
 
     def pct(self, p: float) -> float:
         xs = sorted(self.ttft)
@@ -106,6 +115,7 @@ class Driver:
         self.done: dict[int, float] = {}
         self.all_done = threading.Event()
         self.t0 = 0.0
+        self.cpu0 = self.cpu1 = 0  # the worker thread's CPU time at its first call and at the end
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
@@ -120,6 +130,8 @@ class Driver:
         return out
 
     def get_new_requests(self, n: int) -> list[GenerationRequest]:
+        if not self.cpu0:
+            self.cpu0 = time.thread_time_ns()
         if not self.padded_batch:
             return [GenerationRequest(i.rid, i.prompt, i.output_len, streaming=True)
                     for i in self._arrived(n)]
@@ -145,6 +157,7 @@ class Driver:
             if self.padded_batch:
                 self.outstanding -= 1
             if len(self.done) == len(self.items):
+                self.cpu1 = time.thread_time_ns()
                 self.all_done.set()
 
 
@@ -171,34 +184,41 @@ def run(mode: str, model: TinyDecoder, items: list[Item], batch: int, kv_tokens:
     manager.shutdown()
     wall = max(driver.done.values()) - min(i.arrival for i in items)
     ttft = [driver.first[i.rid] - i.arrival for i in items]
-    outcome = Outcome(mode, arrivals, wall, sum(i.output_len for i in items), ttft, manager.iteration)
+    outcome = Outcome(mode, arrivals, wall, sum(i.output_len for i in items), ttft, manager.iteration,
+                      (driver.cpu1 - driver.cpu0) / 1e9)
     return outcome, manager
 
 
 def step_costs(manager: BatchManager, min_batch: int) -> dict[str, float]:
-    """Mean step (start to next start), forward and host time over iterations at >= min_batch."""
+    """Mean step (start to next start), forward pass and host work (the rest) over the iterations
+    that ran at least `min_batch` requests, in the worker thread's CPU time (and wall time)."""
     log = manager.step_log or []
-    steps, forwards = [], []
-    for (start, forward, scheduled), (next_start, _, _) in zip(log, log[1:]):
+    steps, forwards, wall_steps, wall_forwards = [], [], [], []
+    for (start, forward, scheduled, cpu, cpu_forward), (next_start, _, _, next_cpu, _) in zip(log, log[1:]):
         if scheduled >= min_batch:
-            steps.append(next_start - start)
-            forwards.append(forward)
+            steps.append(next_cpu - cpu)
+            forwards.append(cpu_forward)
+            wall_steps.append(next_start - start)
+            wall_forwards.append(forward)
     if not steps:
         return {}
     step, fwd = statistics.fmean(steps) / 1e6, statistics.fmean(forwards) / 1e6
-    return {"iterations": len(steps), "step_ms": step, "forward_ms": fwd,
-            "host_us": (step - fwd) * 1e3, "host_share_pct": 100 * (step - fwd) / step}
+    wall, wall_fwd = statistics.fmean(wall_steps) / 1e6, statistics.fmean(wall_forwards) / 1e6
+    return {"iterations": len(steps), "step_cpu_ms": step, "forward_cpu_ms": fwd,
+            "host_cpu_us": (step - fwd) * 1e3, "host_share_pct": 100 * (step - fwd) / step,
+            "step_wall_ms": wall, "forward_wall_ms": wall_fwd,
+            "host_wall_share_pct": 100 * (wall - wall_fwd) / wall}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller model, fewer and shorter requests")
     p.add_argument("--requests", type=int, help="requests per run (default 32, quick 16)")
-    p.add_argument("--scale", type=float, help="length multiplier (default 1, quick 0.5)")
+    p.add_argument("--scale", type=float, help="length multiplier (default 0.5, quick 0.25)")
     p.add_argument("--batch", type=int, default=8, help="max batch size of the batched modes")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (inter-op: 1)")
     p.add_argument("--load", type=float, default=0.7, help="Poisson rate / in-flight capacity")
-    p.add_argument("--d-model", type=int, help="default 512, quick 256")
+    p.add_argument("--d-model", type=int, help="default 384, quick 256")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--kv-heads", type=int, help="grouped-query attention (default heads / 4)")
     p.add_argument("--vocab", type=int, default=4096)
@@ -206,8 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     count = args.requests or (16 if args.quick else 32)
-    scale = args.scale or (0.5 if args.quick else 1.0)
-    d_model = args.d_model or (256 if args.quick else 512)
+    scale = args.scale or (0.25 if args.quick else 0.5)
+    d_model = args.d_model or (256 if args.quick else 384)
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
@@ -235,8 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         outcome, manager = run(mode, model, items, args.batch, kv_tokens, "offline")
         outcomes.append(outcome)
         managers[mode] = manager
-        print(f"offline  {mode:14s} {outcome.tokens_per_s:8.1f} tok/s  wall {outcome.wall_s:6.1f} s  "
-              f"iterations {outcome.iterations}", flush=True)
+        print(f"offline  {mode:14s} {outcome.tokens_per_s:8.1f} tok/s  {outcome.tokens_per_cpu_s:8.1f} "
+              f"tok/CPU-s  wall {outcome.wall_s:6.1f} s  iterations {outcome.iterations}", flush=True)
     inflight = outcomes[-1]
     capacity = len(items) / inflight.wall_s  # requests/s the in-flight batcher sustains offline
     rate = args.load * capacity
@@ -250,10 +270,16 @@ def main(argv: list[str] | None = None) -> None:
     by = {(o.mode, o.arrivals.split()[0]): o for o in outcomes}
     costs = step_costs(managers["in-flight"], args.batch)
     one = step_costs(managers["one-at-a-time"], 1)
+    def ratio(attr: str, other: str) -> float:
+        return getattr(inflight, attr) / getattr(by[other, "offline"], attr)
+
     summary = {
-        "inflight_vs_static_padded_throughput": inflight.tokens_per_s / by["static-padded", "offline"].tokens_per_s,
-        "inflight_vs_one_at_a_time_throughput": inflight.tokens_per_s / by["one-at-a-time", "offline"].tokens_per_s,
-        "inflight_vs_STATIC_BATCH_throughput": inflight.tokens_per_s / by["STATIC_BATCH", "offline"].tokens_per_s,
+        "inflight_vs_static_padded_throughput": ratio("tokens_per_s", "static-padded"),
+        "inflight_vs_one_at_a_time_throughput": ratio("tokens_per_s", "one-at-a-time"),
+        "inflight_vs_STATIC_BATCH_throughput": ratio("tokens_per_s", "STATIC_BATCH"),
+        "inflight_vs_static_padded_per_cpu_s": ratio("tokens_per_cpu_s", "static-padded"),
+        "inflight_vs_one_at_a_time_per_cpu_s": ratio("tokens_per_cpu_s", "one-at-a-time"),
+        "inflight_vs_STATIC_BATCH_per_cpu_s": ratio("tokens_per_cpu_s", "STATIC_BATCH"),
         "p99_ttft_static_padded_over_inflight": by["static-padded", "poisson"].pct(99) / by["in-flight", "poisson"].pct(99),
         "p99_ttft_STATIC_BATCH_over_inflight": by["STATIC_BATCH", "poisson"].pct(99) / by["in-flight", "poisson"].pct(99),
         "poisson_rate_per_s": rate,
@@ -272,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": args.threads,
             "model": config.as_dict(), "parameters": params, "requests": count, "scale": scale,
             "outcomes": [{"mode": o.mode, "arrivals": o.arrivals, "tokens_per_s": o.tokens_per_s,
+                          "tokens_per_cpu_s": o.tokens_per_cpu_s,
                           "wall_s": o.wall_s, "ttft_p50_ms": o.pct(50) * 1e3, "ttft_p99_ms": o.pct(99) * 1e3,
                           "iterations": o.iterations} for o in outcomes],
             "summary": summary}, indent=2))

@@ -62,6 +62,7 @@ def parameters(args: argparse.Namespace) -> dict[str, str]:
     return {
         # the decoder (host.inflight.DecoderConfig)
         "vocab_size": str(args.vocab_size), "d_model": str(args.d_model), "heads": str(args.heads),
+        "kv_heads": str(args.kv_heads),
         "layers": str(args.layers), "d_ff": str(args.d_ff), "max_seq_len": str(args.max_seq_len),
         "seed": str(args.seed), "dtype": args.dtype,
         # the batch manager
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=0, help="grouped-query attention (0: = heads)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-ff", type=int, default=512)
     p.add_argument("--max-seq-len", type=int, default=1024)
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
 
         from host.inflight import DecoderConfig, TinyDecoder
 
-        keys = ("vocab_size", "d_model", "heads", "layers", "d_ff", "max_seq_len", "seed", "dtype")
+        keys = ("vocab_size", "d_model", "heads", "kv_heads", "layers", "d_ff", "max_seq_len", "seed", "dtype")
         config = DecoderConfig.from_dict({k: getattr(args, k) for k in keys})
         torch.save(TinyDecoder(config).state_dict(), args.out / "1" / "model.pt")
     print(f"wrote {args.out}")
