@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-heads", type=int, help="grouped-query attention (default heads / 4)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps-only", action="store_true",
+                   help="only the offline in-flight run and its step costs (e.g. for a larger --d-model)")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     count = args.requests or (16 if args.quick else 32)
@@ -251,13 +253,19 @@ def main(argv: list[str] | None = None) -> None:
 
     outcomes: list[Outcome] = []
     managers: dict[str, BatchManager] = {}
-    for mode in ("one-at-a-time", "static-padded", "STATIC_BATCH", "in-flight"):
+    modes = ("in-flight",) if args.steps_only else ("one-at-a-time", "static-padded", "STATIC_BATCH",
+                                                    "in-flight")
+    for mode in modes:
         outcome, manager = run(mode, model, items, args.batch, kv_tokens, "offline")
         outcomes.append(outcome)
         managers[mode] = manager
         print(f"offline  {mode:14s} {outcome.tokens_per_s:8.1f} tok/s  {outcome.tokens_per_cpu_s:8.1f} "
               f"tok/CPU-s  wall {outcome.wall_s:6.1f} s  iterations {outcome.iterations}", flush=True)
     inflight = outcomes[-1]
+    if args.steps_only:
+        costs = step_costs(managers["in-flight"], args.batch)
+        print(f"step_costs_batch_ge_{args.batch}: " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
+        return
     capacity = len(items) / inflight.wall_s  # requests/s the in-flight batcher sustains offline
     rate = args.load * capacity
     arriving = poisson(items, rate, args.seed)
@@ -270,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     by = {(o.mode, o.arrivals.split()[0]): o for o in outcomes}
     costs = step_costs(managers["in-flight"], args.batch)
     one = step_costs(managers["one-at-a-time"], 1)
+
     def ratio(attr: str, other: str) -> float:
         return getattr(inflight, attr) / getattr(by[other, "offline"], attr)
 
@@ -282,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
         "inflight_vs_STATIC_BATCH_per_cpu_s": ratio("tokens_per_cpu_s", "STATIC_BATCH"),
         "p99_ttft_static_padded_over_inflight": by["static-padded", "poisson"].pct(99) / by["in-flight", "poisson"].pct(99),
         "p99_ttft_STATIC_BATCH_over_inflight": by["STATIC_BATCH", "poisson"].pct(99) / by["in-flight", "poisson"].pct(99),
+        "p50_ttft_static_padded_over_inflight": by["static-padded", "poisson"].pct(50) / by["in-flight", "poisson"].pct(50),
+        "p50_ttft_STATIC_BATCH_over_inflight": by["STATIC_BATCH", "poisson"].pct(50) / by["in-flight", "poisson"].pct(50),
         "poisson_rate_per_s": rate,
         "step_costs_batch_ge_%d" % args.batch: costs,
         "step_costs_batch_1": one,

@@ -41,6 +41,12 @@ def _draw(seq: Sequence, row: torch.Tensor) -> int:
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
+def _argmax(rows: torch.Tensor) -> list[int]:
+    if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64):
+        return rows.numpy().argmax(-1).tolist()  # numpy's is several times faster on the CPU
+    return rows.argmax(-1).tolist()
+
+
 def sample(seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float | None]]:
     """Next token of each sequence from its row of `logits` [len(seqs), vocab]."""
     rows = logits
@@ -51,7 +57,7 @@ def sample(seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[
                 rows = logits.clone()
             beams = [seq.tokens[:]]
             rows[i] = hook(seq.request_id, rows[i], beams, seq.request.client_id)
-    tokens = rows.argmax(-1).tolist()  # the greedy answer for every row, in one call
+    tokens = _argmax(rows)  # the greedy answer for every row, in one call
     log_probs: list[float | None] = [None] * len(seqs)
     for i, seq in enumerate(seqs):
         s = seq.request.sampling

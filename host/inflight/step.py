@@ -11,6 +11,7 @@ block). Context chunks list their slots (`contexts`).
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -128,8 +129,9 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     # one tensor for every integer list (a tensor per list costs more than the packing)
     sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(dec_fill),
              len(logits_index)]
-    flat = torch.tensor(ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index,
-                        dtype=torch.int64)
+    flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
+        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index),
+        dtype=torch.int64)
     input_ids, positions, writes, blocks, segment, fill, logits_at = torch.split(flat, sizes)
     slots = torch.cat([writes] + slot_parts) if slot_parts else writes
     return StepBatch(
