@@ -1,8 +1,9 @@
 """A small decoder-only transformer that reads and writes the paged KV cache directly.
 
 Random weights from a fixed seed (no downloads): `TinyDecoder(DecoderConfig(seed=...))` is the
-same model on every machine. Pre-norm blocks, learned positions, multi-head attention, GELU MLP,
-an output projection of its own.
+same model on every machine. Pre-norm blocks, learned positions, multi-head attention (grouped-
+query when `kv_heads` < `heads`: fewer keys and values to store and read), GELU MLP, an output
+projection of its own.
 
 `forward(batch, cache)` runs one iteration's flat batch (`host.inflight.step.StepBatch`): the
 projections run once over all tokens of all requests; each token's key and value go into its cache
