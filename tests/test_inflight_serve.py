@@ -226,6 +226,33 @@ def test_http_generate_stream(server, decoder):
         assert [e["output_ids"] for e in events] == tokens  # one event (one token) per response
 
 
+def _canceled(text: str) -> int:
+    prefix = f'nv_inference_request_failure{{model="{MODEL}",reason="CANCELED",version="1"}} '
+    return next(int(float(line[len(prefix):])) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_http_client_gone_stops_the_request(server):
+    before = _canceled(metrics(server))
+    host, port = server.url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", f"/v2/models/{MODEL}/generate_stream",
+                       body=json.dumps({"input_ids": [4, 5, 6], "request_output_len": 1000, "streaming": True}))
+    response = connection.getresponse()
+    assert response.status == 200
+    events = 0
+    while events < 3:
+        events += response.readline().startswith(b"data:")
+    connection.sock.shutdown(2)  # the client goes away mid-stream
+    connection.close()
+
+    def settled() -> bool:
+        text = metrics(server)
+        return _canceled(text) == before + 1 and gauge(text, "nv_trt_llm_request_metrics", "active") == 0
+
+    wait_until(settled, timeout=60)
+    assert gauge(metrics(server), "nv_trt_llm_kv_cache_block_metrics", "used") == 0
+
+
 def test_http_generate_without_streaming(server, decoder):
     prompts, lengths = workload(1, seed=3)
     (tokens,) = expected(decoder, prompts, lengths)
