@@ -125,11 +125,15 @@ def test_sizes_are_checked() -> None:
     assert info.value.message == "unable to find data for input tensor 'X' for model 'm' in request."
 
 
-def test_shared_memory_inputs_are_unsupported_in_one_place() -> None:
-    # (requested outputs with shared memory are the host's to refuse: tests/test_parameters.py)
+def test_shared_memory_inputs_are_left_for_the_host_to_bind() -> None:
     tensor = InputTensor(name="X", datatype="FP32", shape=[1])
     tensor.parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(UnsupportedError, match="shared memory"):
+    tensor.parameters["shared_memory_byte_size"].int64_param = 4
+    request = codec.decode_infer_request(_request(tensor))
+    assert request.uses_shm and request.inputs["X"].data is None
+    assert request.inputs["X"].parameters == {"shared_memory_region": "r", "shared_memory_byte_size": 4}
+    tensor.contents.fp32_contents.append(1.0)
+    with pytest.raises(InvalidArgumentError, match="unexpected 'content' provided when using shared memory"):
         codec.decode_infer_request(_request(tensor))
 
 

@@ -19,6 +19,7 @@ from host import datatypes
 from host.errors import InternalError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.proto import grpc_service_pb2 as pb
+from host.shm.tensors import mentions_shm
 
 ModelInferResponse = pb.ModelInferResponse
 InferOutputTensor = pb.ModelInferResponse.InferOutputTensor
@@ -80,14 +81,6 @@ def set_parameters(target: Any, params: dict[str, Any]) -> None:
         else:
             raise UnsupportedError(
                 f"parameter '{key}' of type {type(value).__name__} cannot be sent over gRPC")
-
-
-# --- shared memory: the one place that knows about it ----------------------------------------
-
-def _reject_shared_memory(params: Any, what: str) -> None:
-    """Shared-memory tensors are not supported yet (the seam for them: this function)."""
-    if "shared_memory_region" in params:
-        raise UnsupportedError(f"{what}: shared memory is not supported by this server")
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -175,6 +168,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     raw = msg.raw_input_contents
     raw_index = 0
     inputs: dict[str, Tensor] = {}
+    uses_shm = False
     for tensor in msg.inputs:
         name = tensor.name
         datatype = tensor.datatype
@@ -189,8 +183,17 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
         params = tensor.parameters
         extra = {}
         if params:
-            _reject_shared_memory(params, f"input '{name}'")
             extra = parameters_to_dict(params)
+            if mentions_shm(extra):  # the host binds it to the region (host.shm)
+                if tensor.HasField("contents"):
+                    raise InvalidArgumentError(
+                        f"unexpected 'content' provided when using shared memory for input tensor "
+                        f"'{name}' for model '{model}'")
+                if name in inputs:
+                    raise InvalidArgumentError(f"input '{name}' already exists in request")
+                inputs[name] = Tensor(name, datatype, shape, None, extra)
+                uses_shm = True
+                continue
         if tensor.HasField("contents"):
             if raw:
                 raise InvalidArgumentError(
@@ -210,13 +213,16 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     for out in msg.outputs:
         oparams = out.parameters
         extra = {}
-        if oparams:  # the host judges them (host.parameters.check_outputs)
+        if oparams:  # the host judges them (host.parameters.check_outputs, host.shm)
             extra = parameters_to_dict(oparams)
+            uses_shm = uses_shm or mentions_shm(extra)
         outputs.append(RequestedOutput(out.name, extra))
     params = msg.parameters
-    return InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
-                            id=msg.id, inputs=inputs, outputs=outputs,
-                            parameters=parameters_to_dict(params) if params else {})
+    request = InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
+                               id=msg.id, inputs=inputs, outputs=outputs,
+                               parameters=parameters_to_dict(params) if params else {})
+    request.uses_shm = uses_shm
+    return request
 
 
 # --- response --------------------------------------------------------------------------------
@@ -243,7 +249,9 @@ def encode_infer_response(response: InferenceResponse, request_id: str = "") -> 
         if t.parameters:
             set_parameters(out.parameters, t.parameters)
         outputs.append(out)
-        raws.append(_raw_output(t))
+        # An output written to shared memory keeps its place with empty contents: clients
+        # index raw_output_contents by output position.
+        raws.append(_raw_output(t) if t.data is not None else b"")
     msg = ModelInferResponse(model_name=response.model_name, model_version=str(response.model_version),
                              id=response.id or request_id, outputs=outputs, raw_output_contents=raws)
     if response.parameters:
