@@ -330,7 +330,7 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
                     is_binary = value
                 else:  # the host judges the rest (host.parameters.check_outputs)
                     extra[key] = value
-        if is_binary is not None and mentions_shm(extra):
+        if is_binary and mentions_shm(extra):  # tritonclient sends binary_data=false with it
             raise InvalidArgumentError("Output can't set both 'shared_memory_region' and 'binary_data'")
         binary[name] = is_binary  # type: ignore[assignment]
         requested.append(RequestedOutput(name, extra))

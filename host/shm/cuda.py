@@ -74,6 +74,3 @@ class CudaRegion:
 
     def status(self) -> dict:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
-
-    def close(self) -> None:
-        self.buffer = None  # the IPC handle closes with the last view of it

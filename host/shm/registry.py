@@ -50,6 +50,7 @@ class SharedMemoryManager:
 
     def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
         self._check_enabled()
+        cuda.check_available()
         if isinstance(raw_handle, str):  # HTTP: base64 text
             try:
                 raw_handle = base64.b64decode(raw_handle, validate=True)
@@ -62,7 +63,6 @@ class SharedMemoryManager:
             raise InvalidArgumentError("Unable to parse 'device_id': expected a non-negative integer")
         byte_size = _uint64("byte_size", byte_size)
         self._check_name(name)
-        cuda.check_available()
         with self._lock:
             self._check_free(name)
             self._regions[name] = cuda.CudaRegion(name, raw_handle, device_id, byte_size)
@@ -80,9 +80,9 @@ class SharedMemoryManager:
             else:
                 gone = [r for r in self._regions.values() if kind is None or r.kind == kind]
             for region in gone:
+                # Dropping the registry's reference is the whole unregister: the mapping goes
+                # with the last in-flight request still viewing it.
                 del self._regions[region.name]
-        for region in gone:
-            region.close()
 
     def status(self, kind: str, name: str = "") -> list[dict]:
         with self._lock:

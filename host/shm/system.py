@@ -32,23 +32,14 @@ class SystemRegion:
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.device_id = -1
-        self._map = _map_window(key, offset, byte_size)
         # One byte view of the window: tensor views are slices of it (no copies, no new mappings).
-        self.buffer = np.frombuffer(self._map, dtype=np.uint8, count=byte_size, offset=offset)
+        # The mapping lives exactly as long as something refers to it: the registry until
+        # unregister, and every in-flight request through its views, so there is no close().
+        self.buffer = np.frombuffer(_map_window(key, offset, byte_size), dtype=np.uint8,
+                                    count=byte_size, offset=offset)
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
-
-    def close(self) -> None:
-        """Drop the mapping if no tensor still views it; otherwise the last view frees it.
-
-        An in-flight request keeps its views (and so the mapping) alive after unregister.
-        """
-        self.buffer = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # views exported: the mapping goes away with the last of them
 
 
 def _map_window(key: str, offset: int, byte_size: int) -> mmap.mmap:
