@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_triton:
         servers.append(pvt.triton_server(repo, resdir))
     mh = pvt.modelhost_server(repo, resdir, sys.executable)
-    mh.argv += ["--allow-client-shm=true"]
+    # Triton takes a 64 MiB tensor plus its JSON header in one HTTP body; so must modelhost
+    mh.argv += ["--allow-client-shm=true", "--http-max-input-size", str(256 << 20)]
     servers.append(mh)
     for server in servers:
         server.start()

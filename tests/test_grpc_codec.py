@@ -225,3 +225,22 @@ def test_not_found_maps_to_not_found() -> None:
     import grpc
 
     assert status_code(NotFoundError("x").code) is grpc.StatusCode.NOT_FOUND
+
+
+def test_large_unary_responses_frame_their_contents_by_hand() -> None:
+    from host.inference import InferenceResponse, Tensor
+    big = np.arange(codec.LARGE_OUTPUT_BYTES // 4 + 3, dtype=np.float32)
+    outputs = [Tensor("A", "FP32", [big.size], big),
+               Tensor("S", "BYTES", [2], np.array([b"x\x00", b""], dtype=np.object_)),
+               Tensor("M", "INT8", [4], None),  # written to shared memory: empty contents
+               Tensor("T", "INT16", [3, 2], np.arange(6, dtype=np.int16).reshape(2, 3).T)]
+    response = InferenceResponse("m", "1", "id7", outputs=outputs, parameters={"p": 1})
+    framed = codec.encode_unary_response(response)
+    assert isinstance(framed, codec.FramedResponse)
+    parsed = pb.ModelInferResponse.FromString(framed.SerializeToString())
+    assert parsed == codec.encode_infer_response(response)
+    assert parsed.raw_output_contents[0] == big.tobytes()
+    assert parsed.raw_output_contents[2] == b""
+    assert parsed.raw_output_contents[3] == np.arange(6, dtype=np.int16).reshape(2, 3).T.tobytes()
+    small = InferenceResponse("m", "1", outputs=[Tensor("A", "FP32", [2], big[:2])])
+    assert isinstance(codec.encode_unary_response(small), pb.ModelInferResponse)

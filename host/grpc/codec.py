@@ -227,7 +227,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
 
 # --- response --------------------------------------------------------------------------------
 
-def _raw_output(t: Tensor) -> bytes:
+def _raw_output(t: Tensor, view: bool = False) -> bytes | memoryview:
     data = t.data
     arr = data if isinstance(data, np.ndarray) else np.asarray(data)
     if arr.size != datatypes.element_count(t.shape):
@@ -237,11 +237,60 @@ def _raw_output(t: Tensor) -> bytes:
     want = datatypes.to_numpy(t.datatype)
     if arr.dtype != want:
         arr = arr.astype(want)
+    if view:  # no copy of contiguous data: the caller copies it once, into the message
+        return datatypes.array_to_bytes(t.datatype, arr)
     return arr.tobytes()  # C order, whatever the array's layout
 
 
-def encode_infer_response(response: InferenceResponse, request_id: str = "") -> Any:
-    """A ModelInferResponse carrying every output in raw_output_contents."""
+# Outputs at least this large are framed by hand (`FramedResponse`) instead of by upb.
+LARGE_OUTPUT_BYTES = 1 << 16
+_RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # ModelInferResponse.raw_output_contents: field 6, bytes
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class FramedResponse:
+    """A ModelInferResponse whose raw_output_contents are appended as framed bytes.
+
+    upb's encoder takes about 100-300 ms for one 16 MiB bytes field here (it grows its buffer
+    step by step), against a few ms for one copy. A message's fields may come in any order, so the
+    small part goes through upb and the tensors are framed after it, with one join (one copy).
+    Used for unary responses; streams embed the message and keep `encode_infer_response`.
+    """
+
+    __slots__ = ("head", "raws")
+
+    def __init__(self, head: Any, raws: list) -> None:
+        self.head, self.raws = head, raws
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf method name the server calls
+        parts = [self.head.SerializeToString()]
+        for raw in self.raws:
+            parts.append(_RAW_OUTPUT_TAG + _varint(len(raw)))
+            parts.append(raw)
+        return b"".join(parts)
+
+
+def encode_unary_response(response: InferenceResponse, request_id: str = "") -> Any:
+    """The ModelInfer answer: a message, or a `FramedResponse` when the outputs are large."""
+    if sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray)) < LARGE_OUTPUT_BYTES:
+        return encode_infer_response(response, request_id)
+    msg = encode_infer_response(response, request_id, with_contents=False)
+    raws = [_raw_output(t, view=True) if t.data is not None else b"" for t in response.outputs]
+    return FramedResponse(msg, raws)
+
+
+def encode_infer_response(response: InferenceResponse, request_id: str = "",
+                          with_contents: bool = True) -> Any:
+    """A ModelInferResponse carrying every output in raw_output_contents (unless `with_contents`
+    is False: then the caller frames them, see `FramedResponse`)."""
     outputs = []
     raws = []
     for t in response.outputs:
@@ -251,7 +300,8 @@ def encode_infer_response(response: InferenceResponse, request_id: str = "") -> 
         outputs.append(out)
         # An output written to shared memory keeps its place with empty contents: clients
         # index raw_output_contents by output position.
-        raws.append(_raw_output(t) if t.data is not None else b"")
+        if with_contents:
+            raws.append(_raw_output(t) if t.data is not None else b"")
     msg = ModelInferResponse(model_name=response.model_name, model_version=str(response.model_version),
                              id=response.id or request_id, outputs=outputs, raw_output_contents=raws)
     if response.parameters:

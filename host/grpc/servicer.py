@@ -70,7 +70,7 @@ class Servicer:
         infer_request = codec.decode_infer_request(request)
         call.add_cancel_callback(infer_request.cancel)
         response = self.host.infer(infer_request, endpoint=INFER_ENDPOINT)
-        return codec.encode_infer_response(response, request.id)
+        return codec.encode_unary_response(response, request.id)
 
     def ModelStreamInfer(self, writer: Writer) -> Stream:
         return Stream(self.host, writer)
