@@ -91,10 +91,12 @@ class CacheService:
             entry = self.cache.lookup(key)
             if entry is not None:
                 outputs = codec.decode_entry(entry)
-                # An entry stored by a model that only produced what was asked for then may lack
-                # an output asked for now: that is a miss, and the new response replaces it.
+                # Models produce only the outputs asked for (all of them when none are named), so
+                # an entry may lack one asked for now: that is a miss, and the new response
+                # replaces the entry.
                 have = {t.name for t in outputs}
-                if all(o.name in have for o in request.outputs):
+                wanted = request.outputs or mv.config.output
+                if all(o.name in have for o in wanted):
                     hit = InferenceResponse(outputs=outputs)
         except codec.CorruptEntryError as exc:
             self._errors.error("rejected a malformed cached entry (treated as a miss): %s", exc)
