@@ -506,3 +506,32 @@ def test_os_never_sees_a_truncate(server, regions) -> None:
     assert len(after) == 4096
     assert after[3000:3100] == before[1000:1100]
     assert after[:3000] == before[:3000] and after[3100:] == before[3100:]
+
+
+def test_cache_hashes_shared_memory_inputs_and_writes_hits_into_regions(regions) -> None:
+    region = regions(64)
+    first = np.array([1, 2, 3, 4], np.float32)
+    region.write(first.tobytes())
+    with serve(MODELS, "--allow-client-shm=true", "--cache-config", "local,size=1048576") as s:
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        client.register_system_shared_memory(region.name, region.key, 64)
+        tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+        tensor.set_shared_memory(region.name, 16)
+        out = grpcclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(region.name, 16, offset=32)
+
+        def infer_and_read() -> list[float]:
+            region.write(bytes(16), 32)  # clear the output window: a hit must write it again
+            client.infer("identity_cached", [tensor], outputs=[out])
+            return np.frombuffer(region.read(32, 16), np.float32).tolist()
+
+        def counts() -> tuple[int, int, int]:
+            stats = client.get_inference_statistics("identity_cached").model_stats[0]
+            return (stats.inference_stats.cache_hit.count, stats.inference_stats.cache_miss.count,
+                    stats.execution_count)
+
+        assert infer_and_read() == first.tolist() and counts() == (0, 1, 1)
+        assert infer_and_read() == first.tolist() and counts() == (1, 1, 1)  # from the cache
+        region.write(np.array([9, 8, 7, 6], np.float32).tobytes())  # same request, new bytes
+        assert infer_and_read() == [9, 8, 7, 6] and counts() == (1, 2, 2)
+        client.unregister_system_shared_memory()
