@@ -6,7 +6,8 @@ so the floor is the same model in a bare `onnxruntime.InferenceSession` called i
 the same session options (one intra-op thread, ORT_ENABLE_EXTENDED).
 
 Measured:
-1. bare session, batch 1: mean and p50 latency of `session.run` (in-process, no network);
+1. bare session, batch 1: mean and p50 latency of `session.run` (in-process, no network),
+   measured before and after the servers (the faster of the two is kept: the machine is shared);
 2. modelhost, batch 1, concurrency 1 (perf_analyzer, HTTP and gRPC): request latency, and the
    overhead over (1) as a share of the request latency: (modelhost - bare) / modelhost;
 3. modelhost at concurrency 16, the same model without and with dynamic batching: throughput,
@@ -145,6 +146,11 @@ def main() -> int:
             print(f"modelhost {tag:26s} {r['infer_s']:8.1f} infer/s  avg {r['avg_us']:7.0f} us  "
                   f"p50 {r['p50_us']:7.0f} us  p99 {r['p99_us']:7.0f} us", flush=True)
 
+    # The machine is shared: measure the floor again after the servers ran, keep the faster one.
+    again = bare_session(repo / "mlp" / "1" / "model.onnx", args.inputs, args.seconds)
+    for rows in bare:
+        if again[rows]["p50_us"] < bare[rows]["p50_us"]:
+            bare[rows] = again[rows]
     lines = report(args, bare, served, started)
     print("\n".join(lines[-6:]))
     if not args.no_write:
