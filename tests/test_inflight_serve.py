@@ -297,7 +297,9 @@ def test_without_torch_only_that_model_fails(tmp_path):
     repo.mkdir()
     make_model(repo)
     (repo / "simple").symlink_to(REPO_ROOT / "model_repository" / "simple")
-    with serve(repo, env={"PYTHONPATH": str(blocker)}) as process:
+    # An installation without torch has no PyTorch backend plugin either (it requires torch, and
+    # imports it when it registers): block it here, where it is installed.
+    with serve(repo, "--block-plugin", "pytorch", env={"PYTHONPATH": str(blocker)}) as process:
         host, port = process.url.rsplit(":", 1)
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
         connection.request("POST", "/v2/repository/index", body="{}")
