@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 if TYPE_CHECKING:
     from host.inference import InferenceRequest, InferenceResponse
@@ -97,6 +97,11 @@ class Model:
 
     def finalize(self) -> None:
         """Called once, after every instance was finalized."""
+
+    def metrics(self) -> Iterable[Any]:
+        """Prometheus metric families of the model's own (prometheus_client `Metric`s), added to
+        /metrics at each scrape; families of the same name from several models are merged."""
+        return ()
 
 
 class Backend:
