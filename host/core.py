@@ -21,6 +21,7 @@ from host.errors import (HostError, InternalError, NotFoundError, UnsupportedErr
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
+from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
@@ -40,7 +41,8 @@ class Host:
                 f"unknown model control mode '{self.options.model_control_mode}' "
                 f"(expected one of {', '.join(CONTROL_MODES)})")
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
-        self.backends = BackendPool(self.plugins.registry, self.options.backend_directory)
+        self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
+                                    native_loader=native_backend.loader(self.options.backend_directory))
         self.manager = ModelManager(self.options.model_repositories, self.backends,
                                     self.options.model_control_mode, self._on_model_state)
         self._ready = False
