@@ -33,3 +33,7 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_secs: float = 30.0
     model_load_thread_count: int = 4
+    # Response cache: --cache-config NAME,KEY=VALUE settings by cache name, and where native
+    # caches (<dir>/<name>/libtritoncache_<name>.so) are searched.
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    cache_directory: Path | None = None
