@@ -113,6 +113,8 @@ def served(libs, tmp_path_factory):
     repo, backends = root / "models", root / "backends"
     install(libs["identity"], backends / "identity", "identity")
     model(repo, "ident", IDENTITY_CONFIG.format(backend="identity", extra=""))
+    model(repo, "batched", IDENTITY_CONFIG.format(
+        backend="identity", extra="dynamic_batching { max_queue_delay_microseconds: 50000 }"))
     # search order: version folder, then model folder, then the backend directory
     m = model(repo, "in_version", INT32_CONFIG.format(backend="order1"))
     for folder in (m / "1", m, backends / "order1"):
@@ -155,6 +157,41 @@ def test_identity_over_http(served):
     assert [o["name"] for o in only.get_response()["outputs"]] == ["OUTPUT1"]
     # the backend's TRITONSERVER_LogMessage went into the host's log
     assert "identity test backend: model 'ident' initialized" in server.log_text()
+
+
+def test_execute_error_fails_the_batch_and_the_server_keeps_serving(served):
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    server, _, _ = served
+    client = httpclient.InferenceServerClient(server.url)
+    a, _, inputs = identity_inputs(httpclient)
+    with pytest.raises(InferenceServerException, match="execute refused the batch") as info:
+        client.infer("ident", inputs, parameters={"execute_error": True})
+    assert info.value.status() == "400"  # INVALID_ARG, the backend's code
+    np.testing.assert_array_equal(client.infer("ident", inputs).as_numpy("OUTPUT0"), a)
+
+
+def test_dynamic_batches_keep_each_request_its_own_data(served):
+    import tritonclient.http as httpclient
+
+    server, _, _ = served
+    client = httpclient.InferenceServerClient(server.url, concurrency=8)
+    pending = []
+    for k in range(8):
+        a = np.full((1, 5), k, dtype=np.float32)
+        s = np.array([[f"r{k}-{j}".encode() for j in range(5)]], dtype=object)
+        i0 = httpclient.InferInput("INPUT0", [1, 5], "FP32")
+        i0.set_data_from_numpy(a)
+        i1 = httpclient.InferInput("INPUT1", [1, 5], "BYTES")
+        i1.set_data_from_numpy(s)
+        pending.append((a, s, client.async_infer("batched", [i0, i1])))
+    for a, s, request in pending:
+        result = request.get_result()
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a)
+        assert result.as_numpy("OUTPUT1").tolist() == s.tolist()
+    stats = client.get_inference_statistics("batched")["model_stats"][0]
+    assert stats["inference_count"] == 8
 
 
 def test_identity_over_grpc(served):

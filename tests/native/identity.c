@@ -129,6 +129,21 @@ static TRITONSERVER_Error* respond(TRITONBACKEND_ModelInstance* instance,
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests,
                                                        const uint32_t request_count) {
+  /* A request with the parameter "execute_error" makes the whole execute fail: the requests
+   * are not released, so they stay the server's (Triton's rule) and all get this error. */
+  for (uint32_t r = 0; r < request_count; r++) {
+    uint32_t count = 0;
+    TRITONBACKEND_RequestParameterCount(requests[r], &count);
+    for (uint32_t p = 0; p < count; p++) {
+      const char* key;
+      TRITONSERVER_ParameterType type;
+      const void* value;
+      TRITONBACKEND_RequestParameter(requests[r], p, &key, &type, &value);
+      if (strcmp(key, "execute_error") == 0)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                     "identity test backend: execute refused the batch");
+    }
+  }
   /* Statistics as Triton's identity backend reports them: one timing for the whole batch. */
   uint64_t exec_start = now_ns(), compute_start = exec_start;
   bool ok[request_count ? request_count : 1];
