@@ -90,9 +90,25 @@ def _deliver(request: InferenceRequest, outputs: list[tuple[str, str, tuple[int,
 
 
 def _tensor(name: str, datatype: str, shape: tuple[int, ...], buf: Any) -> Tensor:
-    # Fixed-size types: a zero-copy view of the buffer the backend wrote (TRITONBACKEND_OutputBuffer).
-    data = datatypes.array_from_buffer(datatype, shape, memoryview(buf) if buf is not None else b"")
+    dtype = _FIXED.get(datatype)
+    if dtype is not None and buf is not None and len(memoryview(buf)) == dtype.itemsize * _count(shape):
+        # the common case, kept short: a zero-copy view of what the backend wrote
+        data = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    else:  # BYTES, no buffer, or a size that does not match: the general path and its errors
+        data = datatypes.array_from_buffer(datatype, shape, memoryview(buf) if buf is not None else b"")
     return Tensor(name, datatype, list(shape), data)
+
+
+_FIXED = {name: datatypes.to_numpy(name) for name in datatypes.DATATYPES
+          if name != "BYTES" and datatypes.element_size(name) and
+          (name != "BF16" or datatypes.BF16_DTYPE is not None)}
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _serialize_bytes(array: np.ndarray) -> bytes:
