@@ -74,6 +74,8 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         }
         """))
     built["missing"] = build_library(missing, out / "missing.so")
+    built["preferred"] = build_library(SOURCES / "identity.c", out / "preferred.so",
+                                       ["-DIDENTITY_PREFERRED_GROUPS"])
     return built
 
 
@@ -124,6 +126,9 @@ def served(libs, tmp_path_factory):
         install(libs["identity"], folder, "order2")
     model(repo, "in_backends", INT32_CONFIG.format(backend="order3"))
     install(libs["identity"], backends / "order3", "order3")
+    # a backend that prefers two CPU instances, for a model that names no instance group
+    install(libs["preferred"], backends / "preferred", "preferred")
+    model(repo, "pref", INT32_CONFIG.format(backend="preferred"))
     # decoupled, statistics, and three that cannot load
     install(libs["repeat"], backends / "repeat", "repeat")
     model(repo, "repeat", REPEAT_CONFIG)
@@ -222,6 +227,16 @@ def test_search_locations_in_triton_order(served):
     assert where == {"in_version": str(repo / "in_version" / "1"),
                      "in_model": str(repo / "in_model"),
                      "in_backends": str(backends / "order3")}
+
+
+def test_preferred_instance_groups_of_the_backend(served):
+    import tritonclient.http as httpclient
+
+    server, _, _ = served
+    client = httpclient.InferenceServerClient(server.url)
+    groups = client.get_model_config("pref")["instance_group"]
+    assert [(g["kind"], g["count"]) for g in groups] == [("KIND_CPU", 2)]
+    assert client.get_model_config("ident")["instance_group"][0]["count"] == 1  # the default
 
 
 def test_failed_loads_leave_models_unavailable_with_reasons(served):

@@ -162,3 +162,15 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                                                    compute_start, compute_end, exec_end);
   return NULL;
 }
+
+#ifdef IDENTITY_PREFERRED_GROUPS
+/* Built with -DIDENTITY_PREFERRED_GROUPS: the backend prefers two CPU instances, which a model
+ * without instance groups gets (Triton's rule for backend attributes). */
+TRITONSERVER_Error* TRITONBACKEND_GetBackendAttribute(TRITONBACKEND_Backend* backend,
+                                                      TRITONBACKEND_BackendAttribute* attributes) {
+  (void)backend;
+  RETURN_IF_ERROR(TRITONBACKEND_BackendAttributeAddPreferredInstanceGroup(
+      attributes, TRITONSERVER_INSTANCEGROUPKIND_CPU, 2, NULL, 0));
+  return TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading(attributes, true);
+}
+#endif
