@@ -389,3 +389,42 @@ def test_libraries_built_by_triton_resolve_against_the_bridge(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert "resolved" in done.stdout
+
+
+# --- the bridge itself -------------------------------------------------------------------------
+
+def test_bridge_exports_every_server_side_function_and_refuses_the_unsupported():
+    """Every server-side function of the headers is a symbol of the bridge (a backend built by
+    Triton resolves all of its imports at load time), and one without a host equivalent returns
+    an UNSUPPORTED error that names it."""
+    import ctypes
+    import importlib.util
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "host" / "native" / "tools"))
+    try:
+        import gen_unsupported
+    finally:
+        sys.path.pop(0)
+    from host.native.bridge import lib
+
+    lib()
+    bridge = ctypes.CDLL(importlib.util.find_spec("host.native.libtritonserver").origin)
+    declared = gen_unsupported.declarations()
+    assert len(declared) > 250
+    missing = [name for name in declared if not hasattr(bridge, name)]
+    assert missing == []
+
+    bridge.TRITONSERVER_ServerNew.restype = ctypes.c_void_p
+    bridge.TRITONSERVER_ErrorCode.argtypes = [ctypes.c_void_p]
+    bridge.TRITONSERVER_ErrorMessage.argtypes = [ctypes.c_void_p]
+    bridge.TRITONSERVER_ErrorMessage.restype = ctypes.c_char_p
+    bridge.TRITONSERVER_ErrorDelete.argtypes = [ctypes.c_void_p]
+    server = ctypes.c_void_p()
+    err = bridge.TRITONSERVER_ServerNew(ctypes.byref(server), None)
+    assert err
+    assert bridge.TRITONSERVER_ErrorCode(err) == 5  # TRITONSERVER_ERROR_UNSUPPORTED
+    assert b"TRITONSERVER_ServerNew is not supported" in bridge.TRITONSERVER_ErrorMessage(err)
+    bridge.TRITONSERVER_ErrorDelete(err)
+    major, minor = ctypes.c_uint32(), ctypes.c_uint32()
+    assert bridge.TRITONBACKEND_ApiVersion(ctypes.byref(major), ctypes.byref(minor)) == 0
+    assert (major.value, minor.value) == (1, 19)
