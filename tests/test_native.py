@@ -311,6 +311,14 @@ def test_backend_reported_statistics_are_the_models_statistics(served):
     assert s["compute_input"] == {"count": 3, "ns": 3 * 1_000_000}
     assert s["compute_infer"] == {"count": 3, "ns": 3 * 5_000_000_000}
     assert s["success"]["count"] == 3
+    # the backend's own counter, exported with the host's metrics
+    import urllib.request
+
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with no_proxy.open(server.metrics_url, timeout=10) as page:
+        text = page.read().decode()
+    assert "# TYPE stats_backend_executes counter" in text
+    assert 'stats_backend_executes{model="stats"} 3' in text
 
 
 # --- lifecycle: counts across two models sharing one backend, unload and reload ------------------

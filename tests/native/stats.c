@@ -1,6 +1,7 @@
 /* Test backend "stats": OUTPUT0 = INPUT0 (INT32), and it reports statistics with durations it
  * makes up, so a test can recognise them in the host's statistics: per execute, compute_input
- * 1 ms, compute_infer 5 s, compute_output 2 ms. It also increments a counter metric. */
+ * 1 ms, compute_infer 5 s, compute_output 2 ms. It also counts its executes in a counter metric,
+ * stats_backend_executes{model="<model>"}. */
 #include "common.h"
 
 RECORDING_LIFECYCLE
@@ -13,7 +14,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
   RETURN_IF_ERROR(TRITONSERVER_MetricFamilyNew(&family, TRITONSERVER_METRIC_KIND_COUNTER,
                                                "stats_backend_executes", "executes"));
-  RETURN_IF_ERROR(TRITONSERVER_MetricNew(&metric, family, NULL, 0));
+  TRITONSERVER_Parameter* label =
+      TRITONSERVER_ParameterNew("model", TRITONSERVER_PARAMETER_STRING, name);
+  const TRITONSERVER_Parameter* labels[1] = {label};
+  RETURN_IF_ERROR(TRITONSERVER_MetricNew(&metric, family, labels, 1));
+  TRITONSERVER_ParameterDelete(label);
   record_event("model_initialize", name);
   return NULL;
 }

@@ -415,7 +415,17 @@ static PyObject* py_take_statistics(PyObject* self, PyObject* capsule) {
 
 extern PyMethodDef mh_cache_methods[];
 
+PyObject* mh_metrics_snapshot(void); /* server.c */
+
+static PyObject* py_metrics(PyObject* self, PyObject* unused) {
+  (void)self;
+  (void)unused;
+  return mh_metrics_snapshot();
+}
+
 static PyMethodDef methods[] = {
+    {"metrics", py_metrics, METH_NOARGS,
+     "metrics() -> [(name, description, kind, [(labels, value), ...]), ...]: backend metrics"},
     {"configure", py_configure, METH_VARARGS, "configure(deliver, log, serialize_bytes, contiguous, levels)"},
     {"backend_load", py_backend_load, METH_VARARGS, "backend_load(path, name, location, config_json)"},
     {"backend_initialize", py_backend_initialize, METH_O, NULL},

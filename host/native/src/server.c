@@ -296,23 +296,36 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_BufferAttributesByteSize(
   return NULL;
 }
 
-/* --- metrics: kept here so backends' metric calls succeed ---------------------------------- */
-
-struct TRITONSERVER_MetricFamily {
-  TRITONSERVER_MetricKind kind;
-  char* name;
-  char* description;
-};
+/* --- metrics: kept here, and exported with the host's metrics ----------------------------------
+ *
+ * Families and their metrics live in one registry that host.native.metrics reads at scrape time
+ * (`metrics()` in the module). Counters and gauges are exported; a histogram keeps only the sum
+ * of its observations and is not exported. */
 
 struct TRITONSERVER_Metric {
   TRITONSERVER_MetricFamily* family;
   pthread_mutex_t lock;
   double value;
+  char** label_keys;
+  char** label_values;
+  uint64_t label_count;
+  TRITONSERVER_Metric* next;
+};
+
+struct TRITONSERVER_MetricFamily {
+  TRITONSERVER_MetricKind kind;
+  char* name;
+  char* description;
+  TRITONSERVER_Metric* metrics;
+  TRITONSERVER_MetricFamily* next;
 };
 
 struct TRITONSERVER_MetricArgs {
   int histogram;
 };
+
+static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+static TRITONSERVER_MetricFamily* families;
 
 MH_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily** family,
                                                            const TRITONSERVER_MetricKind kind,
@@ -322,16 +335,33 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFa
   f->kind = kind;
   f->name = mh_strdup(name);
   f->description = mh_strdup(description);
+  pthread_mutex_lock(&metrics_lock);
+  f->next = families;
+  families = f;
+  pthread_mutex_unlock(&metrics_lock);
   *family = f;
   return NULL;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricFamilyDelete(TRITONSERVER_MetricFamily* family) {
-  if (family) {
-    free(family->name);
-    free(family->description);
-    free(family);
+  if (family == NULL) return NULL;
+  pthread_mutex_lock(&metrics_lock);
+  if (family->metrics != NULL) {
+    pthread_mutex_unlock(&metrics_lock);
+    return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
+                    "Must call MetricDelete on all dependent metrics before calling "
+                    "MetricFamilyDelete.");
   }
+  for (TRITONSERVER_MetricFamily** p = &families; *p; p = &(*p)->next) {
+    if (*p == family) {
+      *p = family->next;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&metrics_lock);
+  free(family->name);
+  free(family->description);
+  free(family);
   return NULL;
 }
 
@@ -364,12 +394,24 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricNew(TRITONSERVER_Metric** metri
                                                      TRITONSERVER_MetricFamily* family,
                                                      const TRITONSERVER_Parameter** labels,
                                                      const uint64_t label_count) {
-  (void)labels;
-  (void)label_count;
   if (family == NULL) return mh_error(TRITONSERVER_ERROR_INVALID_ARG, "metric family is null");
   TRITONSERVER_Metric* m = calloc(1, sizeof(*m));
   m->family = family;
   pthread_mutex_init(&m->lock, NULL);
+  m->label_keys = calloc(label_count ? label_count : 1, sizeof(char*));
+  m->label_values = calloc(label_count ? label_count : 1, sizeof(char*));
+  for (uint64_t i = 0; i < label_count; i++) {
+    const TRITONSERVER_Parameter* p = labels[i];
+    if (p == NULL) continue;
+    m->label_keys[m->label_count] = mh_strdup(p->name);
+    m->label_values[m->label_count] =
+        mh_strdup(p->type == TRITONSERVER_PARAMETER_STRING ? p->value.s : "");
+    m->label_count++;
+  }
+  pthread_mutex_lock(&metrics_lock);
+  m->next = family->metrics;
+  family->metrics = m;
+  pthread_mutex_unlock(&metrics_lock);
   *metric = m;
   return NULL;
 }
@@ -384,10 +426,23 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricNewWithArgs(TRITONSERVER_Metric
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONSERVER_MetricDelete(TRITONSERVER_Metric* metric) {
-  if (metric) {
-    pthread_mutex_destroy(&metric->lock);
-    free(metric);
+  if (metric == NULL) return NULL;
+  pthread_mutex_lock(&metrics_lock);
+  for (TRITONSERVER_Metric** p = &metric->family->metrics; *p; p = &(*p)->next) {
+    if (*p == metric) {
+      *p = metric->next;
+      break;
+    }
   }
+  pthread_mutex_unlock(&metrics_lock);
+  for (uint64_t i = 0; i < metric->label_count; i++) {
+    free(metric->label_keys[i]);
+    free(metric->label_values[i]);
+  }
+  free(metric->label_keys);
+  free(metric->label_values);
+  pthread_mutex_destroy(&metric->lock);
+  free(metric);
   return NULL;
 }
 
@@ -435,4 +490,34 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_GetMetricKind(TRITONSERVER_Metric* me
                                                          TRITONSERVER_MetricKind* kind) {
   *kind = metric->family->kind;
   return NULL;
+}
+
+/* [(name, description, "counter" | "gauge", [({label: value}, value), ...]), ...] (GIL held). */
+PyObject* mh_metrics_snapshot(void) {
+  PyObject* out = PyList_New(0);
+  pthread_mutex_lock(&metrics_lock);
+  for (TRITONSERVER_MetricFamily* f = families; out && f; f = f->next) {
+    if (f->kind == TRITONSERVER_METRIC_KIND_HISTOGRAM) continue;
+    PyObject* samples = PyList_New(0);
+    for (TRITONSERVER_Metric* m = f->metrics; samples && m; m = m->next) {
+      PyObject* labels = PyDict_New();
+      for (uint64_t i = 0; labels && i < m->label_count; i++) {
+        PyObject* v = PyUnicode_FromString(m->label_values[i]);
+        if (v) PyDict_SetItemString(labels, m->label_keys[i], v);
+        Py_XDECREF(v);
+      }
+      pthread_mutex_lock(&m->lock);
+      double value = m->value;
+      pthread_mutex_unlock(&m->lock);
+      PyObject* item = labels ? Py_BuildValue("(Nd)", labels, value) : NULL;
+      if (item == NULL || PyList_Append(samples, item) != 0) Py_CLEAR(samples);
+      Py_XDECREF(item);
+    }
+    const char* kind = f->kind == TRITONSERVER_METRIC_KIND_COUNTER ? "counter" : "gauge";
+    PyObject* row = samples ? Py_BuildValue("(sssN)", f->name, f->description, kind, samples) : NULL;
+    if (row == NULL || PyList_Append(out, row) != 0) Py_CLEAR(out);
+    Py_XDECREF(row);
+  }
+  pthread_mutex_unlock(&metrics_lock);
+  return out;
 }
