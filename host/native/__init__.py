@@ -6,6 +6,8 @@ Triton's C API (the bridge, `host.native.libtritonserver`, built from `host/nati
   what the backends send back into host responses.
 - `host.native.backend`: a `libtriton_<name>.so` as a `host.backend.Backend`.
 - `host.native.cache`: a `libtritoncache_<name>.so` as a `host.cache.base.ResponseCache`.
+- `host.native.metrics`: the backends' own counters and gauges on `/metrics`.
+- `host.native.testing`: compile a backend or cache against the bridge's headers.
 
 The headers (`include_dir()`) are installed with the package so that plugin authors and the
 tests can compile backends against exactly the API the bridge implements.
