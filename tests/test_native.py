@@ -436,3 +436,54 @@ def test_bridge_exports_every_server_side_function_and_refuses_the_unsupported()
     major, minor = ctypes.c_uint32(), ctypes.c_uint32()
     assert bridge.TRITONBACKEND_ApiVersion(ctypes.byref(major), ctypes.byref(minor)) == 0
     assert (major.value, minor.value) == (1, 19)
+
+
+TRITONSERVER = ANCHOR / "server/bin/tritonserver"
+
+
+@pytest.mark.skipif(not TRITONSERVER.is_file(), reason="the real tritonserver (anchor install) is not here")
+def test_real_triton_serves_the_identity_backend_built_against_our_headers(libs, tmp_path):
+    """The converse check: our headers are Triton's ABI, so Triton itself runs our test backend."""
+    import signal
+
+    import tritonclient.http as httpclient
+
+    from host.testing import free_port
+
+    repo = tmp_path / "models"
+    m = model(repo, "ident", IDENTITY_CONFIG.format(backend="identity", extra=""))
+    install(libs["identity"], m, "identity")
+    vendored = sorted(ANCHOR.glob("venv/lib/python3*/site-packages/nvidia_pytriton.libs"))
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(str(v) for v in vendored))
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = tmp_path / "triton.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(TRITONSERVER), f"--model-repository={repo}", "--http-address=127.0.0.1",
+             f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+             f"--backend-directory={tmp_path / 'no-backends'}", "--allow-gpu-metrics=false"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                return client.is_model_ready("ident")
+            except Exception:
+                return False
+
+        wait_until(ready, timeout=60, message="tritonserver did not load the model")
+        a, s, inputs = identity_inputs(httpclient)
+        result = client.infer("ident", inputs, parameters={"tag": "from-triton"})
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a)
+        assert result.as_numpy("OUTPUT1").tolist() == s.tolist()
+        params = result.get_response()["parameters"]
+        assert params["echo_tag"] == "from-triton" and params["config_names_model"] is True
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
