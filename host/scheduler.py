@@ -52,7 +52,9 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     except Exception as exc:  # the backend's failure becomes each request's error
         responses, failure = None, exc
     infer_ns, input_ns = time.perf_counter_ns() - called, called - start
-    reported = slot.instance.reported_statistics()  # a backend's own figures win (native backends)
+    # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
+    report = getattr(slot.instance, "reported_statistics", None)
+    reported = report() if report is not None else None
     if reported is not None:
         input_ns, infer_ns = reported[0], reported[1]
     model.stats.execution_done(len(requests), rows, infer_ns, input_ns)

@@ -238,3 +238,26 @@ def test_bad_cache_config_fails_at_start(tmp_path, args, message):
     with pytest.raises(ServerStartError) as info:
         ServerProcess(repo, *args).start(timeout=60, attempts=1)
     assert message in str(info.value)
+
+
+def test_grpc_stream_hit(cached_server, client):
+    import queue
+
+    data = ONE_KIB + 7000
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    g = grpcclient.InferenceServerClient(cached_server.grpc_url)
+    try:
+        g.start_stream(callback=lambda result, error: got.put((result, error)))
+        inp = grpcclient.InferInput("INPUT0", list(data.shape), "INT32")
+        inp.set_data_from_numpy(data)
+        before = stats(client, "cached")
+        for _ in range(2):
+            g.async_stream_infer("cached", [inp])
+            result, error = got.get(timeout=30)
+            assert error is None
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+        g.stop_stream()
+    finally:
+        g.close()
+    d = delta(before, stats(client, "cached"))
+    assert (d["hit"], d["miss"], d["exec"]) == (1, 1, 1)

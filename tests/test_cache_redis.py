@@ -108,6 +108,20 @@ def test_redis_down_at_start(repository, redis):
                    interval=0.1, message="caching did not start once Redis came up")
 
 
+def test_redis_refusing_writes_is_not_an_outage(repository, redis):
+    # An error reply (here: out of memory, nothing to evict) is Redis answering: lookups go on,
+    # the failed inserts are logged by the host, rate-limited, and requests are not affected.
+    redis.client().config_set("maxmemory", "1")
+    redis.client().config_set("maxmemory-policy", "noeviction")
+    with serve(repository, *redis.cache_args()) as server:
+        for i in range(5):
+            np.testing.assert_array_equal(infer(server, DATA + i), (DATA + i) * 2)
+        assert stats(server) == (0, 5, 5)
+        log = server.log_text()
+    assert 1 <= log.count("insert failed") < 5
+    assert "is unreachable" not in log
+
+
 class _WritesAFile:
     def __init__(self, path: str) -> None:
         self.path = path

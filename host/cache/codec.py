@@ -29,6 +29,17 @@ MAX_RANK = 64
 _HEADER = struct.Struct("<4sBBHQ")
 _TYPES = datatypes.DATATYPES
 _CODE = {name: i for i, name in enumerate(_TYPES)}
+_SIZES = [datatypes.element_size(t) for t in _TYPES]
+
+
+def _dtype(datatype: str) -> np.dtype | None:
+    try:
+        return datatypes.to_numpy(datatype)
+    except InvalidArgumentError:  # BF16 without ml_dtypes
+        return None
+
+
+_DTYPES = [_dtype(t) for t in _TYPES]
 
 
 class CorruptEntryError(InternalError):
@@ -72,8 +83,19 @@ def decode_tensor(buf: Buffer) -> Tensor:
     except UnicodeDecodeError:
         raise CorruptEntryError("cached tensor name is not UTF-8") from None
     datatype = _TYPES[code]
+    offset += name_len
+    count = datatypes.element_count(shape)
+    if datatype != "BYTES":  # the common case, inline: a read-only view of the cached bytes
+        if _DTYPES[code] is None:
+            raise CorruptEntryError(f"cached tensor '{name}' has datatype {datatype}, unsupported here")
+        if data_len != _SIZES[code] * count:
+            raise CorruptEntryError(
+                f"cached tensor '{name}' holds {data_len} bytes, its shape {shape} needs "
+                f"{_SIZES[code] * count}")
+        data = np.frombuffer(view, _DTYPES[code], count, offset).reshape(shape)
+        return Tensor(name, datatype, shape, data)
     try:
-        data = datatypes.array_from_buffer(datatype, shape, view[offset + name_len:])
+        data = datatypes.array_from_buffer(datatype, shape, view[offset:])
     except (InvalidArgumentError, ValueError) as exc:
         raise CorruptEntryError(f"cached tensor '{name}': {exc}") from None
     return Tensor(name, datatype, shape, data)

@@ -93,7 +93,9 @@ class RedisCache:
         from redis.retry import Retry
 
         self.settings = s = settings
-        self._errors = (redis.RedisError, OSError)
+        # Not reaching Redis is an outage (handled here); an error reply (out of memory, a
+        # read-only replica) is the server answering: raised, and logged by the host, rate-limited.
+        self._errors = (redis.ConnectionError, redis.TimeoutError, OSError)
         kwargs: dict[str, Any] = dict(
             host=s.host, port=s.port, db=s.db, username=s.username or None,
             password=s.password or None,

@@ -21,19 +21,20 @@ def redis_server_binary() -> str | None:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *extra_args: str) -> None:
         binary = redis_server_binary()
         if binary is None:
             raise FileNotFoundError("redis-server is not installed")
         self.binary = binary
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="modelhost-redis-")
+        self.extra_args = list(extra_args)  # more redis-server options, e.g. "--maxmemory", "1mb"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> RedisServer:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes"],
+             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes", *self.extra_args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_until(self.answers, timeout, message=f"redis-server on port {self.port} did not start")
         return self
