@@ -79,6 +79,12 @@ class Instance:
     def execute(self, requests: Sequence[InferenceRequest]) -> Sequence[InferenceResponse] | None:
         raise NotImplementedError
 
+    def reported_statistics(self) -> tuple[int, int, int] | None:
+        """Durations (compute_input, compute_infer, compute_output, in ns) the backend itself
+        reported for the execute that just returned, or None to let the host time it (as Triton
+        takes a backend's TRITONBACKEND_ModelInstanceReportBatchStatistics)."""
+        return None
+
     def finalize(self) -> None:
         """Called once after the last execute."""
 

@@ -162,6 +162,9 @@ def make_registry(host: Host) -> CollectorRegistry:
     """A registry of its own holding only the Triton collector (no process or GC metrics)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TritonCollector(host))
+    from host.native.metrics import NativeMetricsCollector  # native backends' own metrics
+
+    registry.register(NativeMetricsCollector())
     return registry
 
 
