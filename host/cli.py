@@ -26,6 +26,31 @@ def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool =
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help)
 
 
+def _cache_setting(text: str) -> tuple[str, str, str]:
+    """`NAME,KEY=VALUE` (Triton's --cache-config): the value is a string and may hold commas."""
+    name, sep, rest = text.partition(",")
+    key, eq, value = rest.partition("=")
+    if not name.strip() or not sep or not key.strip() or not eq:
+        raise argparse.ArgumentTypeError(f"expected <cache name>,<key>=<value>, got '{text}'")
+    return name.strip(), key.strip(), value
+
+
+def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) -> dict[str, dict[str, str]]:
+    """Settings by cache name; the deprecated --response-cache-byte-size N is `local,size=N`."""
+    config: dict[str, dict[str, str]] = {}
+    for name, key, value in settings:
+        config.setdefault(name, {})[key] = value
+    if byte_size is not None:
+        if config:
+            raise SystemExit("modelhost: --response-cache-byte-size cannot be combined with "
+                             "--cache-config; use --cache-config local,size=N alone")
+        logging.getLogger(__name__).warning(
+            "--response-cache-byte-size is deprecated: use --cache-config local,size=%d", byte_size)
+        if byte_size > 0:  # 0 meant "no cache" before --cache-config existed
+            config["local"] = {"size": str(byte_size)}
+    return config
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC",
                        description="Serve Triton model repositories (KServe V2 / Triton protocol).")
@@ -57,10 +82,20 @@ def _serve_parser(sub) -> None:
     _flag(p, "--allow-http", "accepted for compatibility: HTTP is always served", default=True)
     _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
+    _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
+          "for tensors", default=False)
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument("--model-load-thread-count", type=int, default=4)
+    p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
+                   metavar="NAME,KEY=VALUE",
+                   help="enable the response cache NAME with a setting (repeatable), e.g. "
+                        "local,size=1048576 or redis,host=127.0.0.1")
+    p.add_argument("--cache-directory", "--cache-dir", type=Path, default=None, metavar="DIR",
+                   help="where native caches libtritoncache_<name>.so are searched (<dir>/<name>/)")
+    p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="deprecated: the same as --cache-config local,size=BYTES")
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -85,9 +120,12 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,
+        cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
+        cache_directory=args.cache_directory,
     )
 
 

@@ -13,9 +13,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
-from host import __version__, datatypes, parameters
+from host import __version__, datatypes, parameters, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
+from host.cache.service import CacheService, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError)
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
@@ -41,8 +42,12 @@ class Host:
                 f"(expected one of {', '.join(CONTROL_MODES)})")
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
         self.backends = BackendPool(self.plugins.registry, self.options.backend_directory)
+        # The response cache (None without --cache-config); see _prepare for where it is used.
+        self.cache: CacheService | None = load_response_cache(
+            self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         self.manager = ModelManager(self.options.model_repositories, self.backends,
                                     self.options.model_control_mode, self._on_model_state)
+        self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
@@ -82,7 +87,10 @@ class Host:
         if self._poller is not None:
             self._poller.join()
         self.manager.unload_all()
+        self.shm.close()  # unmaps only: the clients' regions stay as they are
         self._stream_pool.shutdown(wait=True)
+        if self.cache is not None:
+            self.cache.close()
         self.plugins.manager.hook.modelhost_shutdown(host=self)
 
     def _poll_loop(self) -> None:
@@ -104,7 +112,8 @@ class Host:
         return self._ready
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": SERVER_NAME, "version": __version__,
+                "extensions": EXTENSIONS + self.shm.extensions()}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -173,8 +182,11 @@ class Host:
         mv = self.manager.get(request.model_name, request.model_version)
         responses: queue.SimpleQueue = queue.SimpleQueue()
         self._admit(mv, request)
-        self._prepare(mv, request, lambda r, final: responses.put((r, final)))
-        self._stream_pool.submit(self._schedule, mv, request)
+        hit = self._prepare(mv, request, lambda r, final: responses.put((r, final)))
+        if hit is not None:
+            request.respond(hit, True)  # from the response cache: nothing is scheduled
+        else:
+            self._stream_pool.submit(self._schedule, mv, request)
         return self._drain(request, responses)
 
     @staticmethod
@@ -195,21 +207,36 @@ class Host:
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
         self._admit(mv, request)
-        self._prepare(mv, request, callback)
-        self._schedule(mv, request)
+        hit = self._prepare(mv, request, callback)
+        if hit is not None:
+            request.respond(hit, True)  # from the response cache: nothing is scheduled
+        else:
+            self._schedule(mv, request)
 
-    @staticmethod
-    def _admit(mv: ModelVersion, request: InferenceRequest) -> None:
+    def _admit(self, mv: ModelVersion, request: InferenceRequest) -> None:
         """The checks every request passes before it is scheduled, whatever its front end."""
+        if request.uses_shm:
+            shm.bind_request(request, self.shm, mv.name)
         parameters.interpret(request)
         parameters.check_outputs(request)
         mv.rules.check(request)
 
-    def _prepare(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        """Count the request in flight and wrap its callback (names, output filter, stats)."""
+    def _prepare(self, mv: ModelVersion, request: InferenceRequest,
+                 callback: ResponseCallback) -> InferenceResponse | None:
+        """Count the request in flight, look it up in the response cache, and wrap its callback
+        (cache insert, names, output filter, stats). Returns the cached response on a hit: the
+        caller sends it through `request.respond` instead of scheduling the request."""
         mv.begin_request()
+        # --- response cache: the one place the request path touches it (host.cache.service)
+        probe = self.cache.probe(mv, request) if self.cache is not None else None
+        if probe is not None and probe.hit is not None:
+            hit, probe = probe.hit, None
+        else:
+            hit = None
+        # ---
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
+        shm_outputs = request.shm_outputs
         error: HostError | None = None
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
@@ -217,12 +244,21 @@ class Host:
             if request.completed:
                 log.warning("model '%s' sent a response after the final one; dropped", name)
                 return
+            if probe is not None and final:
+                probe.finish(response)  # stores a success with every output, before the filter
             if response is not None:
                 response.model_name, response.model_version, response.id = name, version, request.id
                 if response.error is not None:
                     error = response.error
-                elif wanted is not None:
-                    response.outputs = [t for t in response.outputs if t.name in wanted]
+                else:
+                    if wanted is not None:
+                        response.outputs = [t for t in response.outputs if t.name in wanted]
+                    if shm_outputs is not None:
+                        try:
+                            shm.write_outputs(response, shm_outputs)
+                        except HostError as exc:
+                            error = exc
+                            response = InferenceResponse(name, version, request.id, error=exc)
             if final:
                 request.completed = True
                 now = time.perf_counter_ns()
@@ -238,6 +274,7 @@ class Host:
 
         request.callback = on_response
         request.enqueue_ns = time.perf_counter_ns()
+        return hit
 
     @staticmethod
     def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:
