@@ -164,6 +164,9 @@ def own_server(tmp_path_factory):
     (repo / "bad_threads" / "config.pbtxt").write_text(
         'backend: "onnxruntime"\n'
         'parameters { key: "intra_op_thread_count" value { string_value: "many" } }\n')
+    # Batching asked of a model whose batch dimension is fixed.
+    _save(make_examples.types_graph(), repo / "cannot_batch" / "1" / "model.onnx")
+    (repo / "cannot_batch" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 4\n')
     # Not an ONNX file at all.
     (repo / "not_onnx" / "1").mkdir(parents=True)
     (repo / "not_onnx" / "1" / "model.onnx").write_bytes(b"this is not a model")
@@ -215,6 +218,8 @@ def test_load_errors_are_clear(own_server):
     assert "must be an integer" in index["bad_threads"]["reason"]
     assert index["not_onnx"]["state"] == "UNAVAILABLE"
     assert "onnxruntime could not load" in index["not_onnx"]["reason"]
+    assert index["cannot_batch"]["state"] == "UNAVAILABLE"
+    assert "cannot batch" in index["cannot_batch"]["reason"]
     assert index["scale_batched"]["state"] == "READY"
 
 

@@ -115,12 +115,26 @@ def _to_host(data: Any) -> np.ndarray:
     return torch.from_dlpack(data).cpu().numpy()
 
 
+def _on_instance_device(data: Any, device_id: int) -> Any:
+    """The data itself when it lies on the instance's GPU, else a copy there (CuPy arrays)."""
+    source = getattr(getattr(data, "device", None), "id", device_id)
+    if source == device_id:
+        return data
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.array(data, copy=True)
+
+
 def _run_bound(session: ort.InferenceSession, feeds: dict[str, Any], output_names: list[str],
                device_id: int) -> list[np.ndarray]:
     """Run with IOBinding: GPU inputs bound where they lie (no host round trip), the rest as is."""
     binding = session.io_binding()
+    kept = []  # device copies made here must outlive the run
     for name, data in feeds.items():
         if _on_device(data):
+            data = _on_instance_device(data, device_id)
+            kept.append(data)
             interface = data.__cuda_array_interface__
             binding.bind_input(name, "cuda", device_id, np.dtype(interface["typestr"]),
                                list(interface["shape"]), interface["data"][0])
@@ -167,6 +181,12 @@ def auto_complete(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequen
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
             if config.WhichOneof("scheduling_choice") is None:
                 config.dynamic_batching.SetInParent()
+    if config.max_batch_size > 0:
+        fixed = [a.name for a in model_args if not _can_batch([a])]
+        if fixed:
+            raise InvalidArgumentError(
+                f"model '{config.name}' has max_batch_size {config.max_batch_size}, but the first "
+                f"dimension of {fixed} in the ONNX model is not variable, so it cannot batch")
     skip = 1 if config.max_batch_size > 0 else 0
     for kind, listed, args in (("input", config.input, inputs), ("output", config.output, outputs)):
         by_name = {t.name: t for t in listed}
