@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from host import __version__, datatypes, parameters, shm
 from host import config as config_mod
@@ -177,6 +177,27 @@ class Host:
         if response.error is not None:
             raise response.error
         return response
+
+    def infer_async(self, request: InferenceRequest,
+                    done: Callable[[InferenceResponse | HostError], None],
+                    endpoint: str = "HTTP end point") -> None:
+        """Unary inference that does not wait: `done(response or error)` runs once, on the
+        thread that finished the request. Errors found before scheduling are raised here."""
+        mv = self.manager.get(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
+        got: list[InferenceResponse] = []
+
+        def collect(response: InferenceResponse | None, final: bool) -> None:
+            if response is not None:
+                got.append(response)
+            if final:
+                if not got:
+                    done(InternalError(f"model '{mv.name}' sent no response for the request"))
+                else:
+                    done(got[-1].error or got[-1])
+
+        self._submit(mv, request, collect)
 
     def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
         """Yield each response as it comes (final included when it carries data); closing early

@@ -40,7 +40,7 @@ from google.protobuf.message import DecodeError
 from grpc._cython import cygrpc
 
 from host.errors import HostError
-from host.grpc.servicer import Servicer
+from host.grpc.servicer import DEFERRED, Servicer
 from host.grpc.status import status_code
 from host.proto import grpc_service_pb2 as pb
 
@@ -116,14 +116,27 @@ class _UnaryCall:
                 request = self.parse(data)
             except DecodeError:
                 raise _Status(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
-            response = self.method(request, self).SerializeToString()
+            response = self.method(request, self)
+        except Exception as exc:  # noqa: BLE001 - every error is the call's status
+            self.finish(exc)
+            return
+        if response is not DEFERRED:
+            self.finish(response)
+
+    def finish(self, response: Any) -> None:
+        """Send the answer (a message, or an exception for its status); any thread may call it,
+        once. A method that returned `DEFERRED` calls it when its answer is ready."""
+        try:
+            if isinstance(response, BaseException):
+                raise response
+            data = response.SerializeToString()
         except Exception as exc:  # noqa: BLE001 - every error is the call's status
             code, details = exc.status if isinstance(exc, _Status) else _error_status(exc)
             self.call.start_server_batch(
                 (_SendMetadata(None, _NO_FLAGS), _SendStatus(None, code, details, _NO_FLAGS)), _ignore)
             return
         self.call.start_server_batch(
-            (_SendMetadata(None, _NO_FLAGS), _SendMessage(response, _NO_FLAGS),
+            (_SendMetadata(None, _NO_FLAGS), _SendMessage(data, _NO_FLAGS),
              _SendStatus(None, _OK, b"", _NO_FLAGS)), _ignore)
 
 

@@ -16,6 +16,8 @@ from host.grpc.stream import Stream, Writer
 from host.proto import grpc_service_pb2 as pb
 
 INFER_ENDPOINT = "ModelInfer RPC"
+# Returned by a unary method that answers later through `call.finish` (from another thread).
+DEFERRED = object()
 
 
 class Call(Protocol):
@@ -23,6 +25,9 @@ class Call(Protocol):
 
     def add_cancel_callback(self, callback: Callable[[], None]) -> None:
         """Run `callback` if the call is cancelled (by the client, a deadline, a disconnect)."""
+
+    def finish(self, response: Any) -> None:
+        """Answer a call whose method returned DEFERRED: a message, or an exception."""
 
 
 def _unimplemented(what: str) -> Callable[[Any, Any, Call], Any]:
@@ -69,8 +74,17 @@ class Servicer:
     def ModelInfer(self, request: Any, call: Call) -> Any:
         infer_request = codec.decode_infer_request(request)
         call.add_cancel_callback(infer_request.cancel)
-        response = self.host.infer(infer_request, endpoint=INFER_ENDPOINT)
-        return codec.encode_unary_response(response, request.id)
+        request_id = request.id
+
+        def done(response: Any) -> None:
+            # On the thread that finished the request: the caller's for a model that runs in
+            # place, a batcher thread for a batched one (the polling thread was not kept
+            # waiting, so it could read the other requests of the batch meanwhile).
+            call.finish(codec.encode_unary_response(response, request_id)
+                        if not isinstance(response, BaseException) else response)
+
+        self.host.infer_async(infer_request, done, endpoint=INFER_ENDPOINT)
+        return DEFERRED
 
     def ModelStreamInfer(self, writer: Writer) -> Stream:
         return Stream(self.host, writer)
