@@ -162,3 +162,20 @@ def test_bad_redis_settings_fail_at_start(repository, setting, message):
     with pytest.raises(ServerStartError) as info:
         ServerProcess(repository, "--cache-config", f"redis,{setting}").start(timeout=60, attempts=1)
     assert message in str(info.value)
+
+
+def test_password_and_db_settings(repository):
+    with RedisServer(None, "--requirepass", "s3cret") as redis:
+        with serve(repository, *redis.cache_args(password="s3cret", db="3")) as server:
+            infer(server, DATA)
+            infer(server, DATA)
+            assert stats(server) == (1, 1, 1)
+        import redis as redis_py
+
+        client = redis_py.Redis(host="127.0.0.1", port=redis.port, password="s3cret", db=3)
+        assert len(client.keys("modelhost:*")) == 1
+        with serve(repository, *redis.cache_args(password="wrong")) as server:
+            np.testing.assert_array_equal(infer(server, DATA), DATA * 2)  # uncached, not failed
+            assert stats(server) == (0, 1, 1)
+            log = server.log_text()
+        assert log.count("is unreachable") == 1
