@@ -151,20 +151,42 @@ def run_pa(server: pvt.Server, model: str, conc: int, inputs: str | None, resdir
     except Exception:
         with open(logpath, errors="replace") as f:
             row["error"] = f"rc={rc}: " + " | ".join(ln.strip() for ln in f.read().splitlines()[-3:])
-    pvt.log(fmt(row))
     return row
 
 
-def cache_counts(server: pvt.Server, model: str) -> tuple[int, int, int]:
+def cache_counts(server: pvt.Server, model: str) -> tuple[int, int, int, int]:
+    """(cache hits, cache misses, executions, successful requests) from the server's statistics."""
     code, body = pvt.http_get(f"http://127.0.0.1:{server.http_port}/v2/models/{model}/stats")
     s = json.loads(body)["model_stats"][0] if code == 200 else {}
     st = s.get("inference_stats", {})
     return (st.get("cache_hit", {}).get("count", 0), st.get("cache_miss", {}).get("count", 0),
-            s.get("execution_count", 0))
+            s.get("execution_count", 0), st.get("success", {}).get("count", 0))
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU time of every process in the server's process group (gunicorn worker,
+    Triton's python-backend stubs): a cost per request that other jobs on the machine disturb much
+    less than they disturb throughput."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ... utime(11), stime(12)
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
 
 
 def client_latency(server: pvt.Server, model: str) -> dict:
-    """Median and p99 (ms) of health and of a cache hit, one keep-alive connection, same client."""
+    """Median and p99 (ms) of health and of a cache hit, one keep-alive connection, same client;
+    with the server's CPU time per request of each."""
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
     header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [ELEMENTS],
                                      "parameters": {"binary_data_size": 4 * ELEMENTS}}],
@@ -185,23 +207,28 @@ def client_latency(server: pvt.Server, model: str) -> dict:
                 out.append((time.perf_counter() - t0) * 1000)
         return out
 
-    result = {}
+    result: dict[str, list[float]] = {}
+    cpu: dict[str, float] = {}
     try:
         for _ in range(2):  # alternate, so that noise falls on both alike
             for label, args in (("health", ("GET", "/v2/health/ready", None, {})),
                                 ("hit", ("POST", f"/v2/models/{model}/infer", body, headers))):
+                before = group_cpu_seconds(server.proc.pid)
                 result.setdefault(label, []).extend(series(*args))
+                cpu[label] = cpu.get(label, 0.0) + group_cpu_seconds(server.proc.pid) - before
     finally:
         conn.close()
-    return {label: {"p50_ms": statistics.median(v), "p99_ms": sorted(v)[int(len(v) * 0.99)]}
+    return {label: {"p50_ms": statistics.median(v), "p99_ms": sorted(v)[int(len(v) * 0.99)],
+                    "cpu_us": cpu[label] / (2 * (CLIENT_REQUESTS + 100)) * 1e6}
             for label, v in result.items()}
 
 
 def fmt(r: dict) -> str:
     if not r["ok"]:
         return f"{r['tag']:28s} c={r['concurrency']:<2d} FAILED {r['error']}"
+    cpu = f"  cpu={r['cpu_us']:5.0f} us/req" if r.get("cpu_us") else ""
     return (f"{r['tag']:28s} c={r['concurrency']:<2d} {r['infer_s']:9.1f} infer/s  "
-            f"p50={r['p50_ms']:6.3f} ms  p99={r['p99_ms']:6.3f} ms")
+            f"p50={r['p50_ms']:6.3f} ms  p99={r['p99_ms']:6.3f} ms{cpu}")
 
 
 # ----------------------------------------------------------------------------------------- the run
@@ -211,10 +238,15 @@ def measure(server: pvt.Server, plan: list[tuple[str, str, str | None]], conc: l
     try:
         for tag, model, inputs in plan:
             for c in conc:
-                before = cache_counts(server, model)
-                rows.append(run_pa(server, model, c, inputs, resdir, f"{server.name} {tag}"))
+                before, cpu = cache_counts(server, model), group_cpu_seconds(server.proc.pid)
+                row = run_pa(server, model, c, inputs, resdir, f"{server.name} {tag}")
+                cpu = group_cpu_seconds(server.proc.pid) - cpu
                 after = cache_counts(server, model)
-                hits, misses, execs = (a - b for a, b in zip(after, before))
+                hits, misses, execs, done = (a - b for a, b in zip(after, before))
+                # perf_analyzer's warm-up and windows all count: CPU over every request served.
+                row["cpu_us"] = cpu / done * 1e6 if done else None
+                rows.append(row)
+                pvt.log(fmt(row))
                 checks.append(f"{server.name} {tag} c={c}: {hits} cache hits, {misses} misses, "
                               f"{execs} executions")
                 pvt.log(checks[-1])
@@ -269,8 +301,8 @@ def find(rows: list[dict], tag: str, conc: int) -> dict | None:
     found = [r for r in rows if r["tag"] == tag and r["concurrency"] == conc and r["ok"]]
     if not found:
         return None
-    return {k: statistics.median(r[k] for r in found) for k in ("infer_s", "p50_ms", "p99_ms")} | {
-        "runs": len(found)}
+    return {k: statistics.median(r[k] for r in found if r.get(k) is not None)
+            for k in ("infer_s", "p50_ms", "p99_ms", "cpu_us")} | {"runs": len(found)}
 
 
 def target_lines(rows: list[dict], latency: dict, concurrency: list[int]) -> list[str]:
@@ -280,7 +312,12 @@ def target_lines(rows: list[dict], latency: dict, concurrency: list[int]) -> lis
         ratio = lat["hit"]["p50_ms"] / lat["health"]["p50_ms"]
         out.append(f"local hit vs health (same Python client, p50): {lat['hit']['p50_ms']:.3f} ms vs "
                    f"{lat['health']['p50_ms']:.3f} ms = x{ratio:.2f} (target <= x1.20: "
-                   f"{'met' if ratio <= 1.2 else 'NOT met'})")
+                   f"{'met' if ratio <= 1.2 else 'NOT met'}); server CPU {lat['hit']['cpu_us']:.0f} vs "
+                   f"{lat['health']['cpu_us']:.0f} us per request = x{lat['hit']['cpu_us'] / lat['health']['cpu_us']:.2f}")
+        t = latency.get("triton")
+        if t:
+            out.append(f"the same on Triton: hit {t['hit']['p50_ms']:.3f} ms vs health {t['health']['p50_ms']:.3f} ms "
+                       f"= x{t['hit']['p50_ms'] / t['health']['p50_ms']:.2f}")
     for c in concurrency:
         mine, theirs = find(rows, "modelhost-local hit", c), find(rows, "triton hit", c)
         if mine and theirs:
@@ -292,10 +329,12 @@ def target_lines(rows: list[dict], latency: dict, concurrency: list[int]) -> lis
         if m and u:
             cost = u["infer_s"] / m["infer_s"] - 1
             p50 = m["p50_ms"] / u["p50_ms"] - 1
+            cpu = m["cpu_us"] / u["cpu_us"] - 1
             out.append(f"local miss path vs uncached model (4 KiB distinct inputs, medians of {m['runs']} "
-                       f"alternated runs), c={c}: {m['infer_s']:.0f} vs "
-                       f"{u['infer_s']:.0f} infer/s, {cost * 100:+.1f}% time per request, p50 {p50 * 100:+.1f}% "
-                       f"(target <= +5%: {'met' if cost <= 0.05 else 'NOT met'})")
+                       f"alternated runs), c={c}: server CPU {m['cpu_us']:.0f} vs {u['cpu_us']:.0f} us per "
+                       f"request = {cpu * 100:+.1f}% (target <= +5%: {'met' if cpu <= 0.05 else 'NOT met'}); "
+                       f"throughput {m['infer_s']:.0f} vs {u['infer_s']:.0f} infer/s = {cost * 100:+.1f}% time "
+                       f"per request, p50 {p50 * 100:+.1f}%")
     return out
 
 
@@ -313,20 +352,26 @@ def write_markdown(path: str, rows, checks, latency, targets, started, wall) -> 
           f"{REDIS_HEADROOM // 1024} KiB, allkeys-lru); at concurrency > 1 perf_analyzer's workers step through "
           "the same inputs, so some requests of the miss case hit (counted below); "
           "Triton 2.51 runs with `--cache-config local,size=65536`.", "",
-          "| server, case | concurrency | infer/s | p50 ms | p99 ms |", "|---|---:|---:|---:|---:|"]
+          "Server CPU is the user + system time of the server's processes over the run divided by the "
+          "requests it served: the least noisy figure here.", "",
+          "| server, case | concurrency | infer/s | p50 ms | p99 ms | server CPU us/request |",
+          "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["ok"]:
+            cpu = f"{r['cpu_us']:.0f}" if r.get("cpu_us") else "-"
             md.append(f"| {r['tag']} | {r['concurrency']} | {r['infer_s']:.1f} | {r['p50_ms']:.3f} | "
-                      f"{r['p99_ms']:.3f} |")
+                      f"{r['p99_ms']:.3f} | {cpu} |")
         else:
             md.append(f"| {r['tag']} | {r['concurrency']} | failed: {r['error'][:80]} | | |")
     md += ["", "What the servers counted over each case (from their statistics), to show hits were hits:", ""]
     md += [f"- {c}" for c in checks]
     md += ["", f"Single-connection Python client, {CLIENT_REQUESTS} x 2 requests per series (ms):", "",
-           "| server | health p50 | health p99 | cache hit p50 | cache hit p99 |", "|---|---:|---:|---:|---:|"]
+           "| server | health p50 | health p99 | cache hit p50 | cache hit p99 | server CPU us/request: "
+           "health, hit |", "|---|---:|---:|---:|---:|---:|"]
     for name, lat in latency.items():
         md.append(f"| {name} | {lat['health']['p50_ms']:.3f} | {lat['health']['p99_ms']:.3f} | "
-                  f"{lat['hit']['p50_ms']:.3f} | {lat['hit']['p99_ms']:.3f} |")
+                  f"{lat['hit']['p50_ms']:.3f} | {lat['hit']['p99_ms']:.3f} | "
+                  f"{lat['health']['cpu_us']:.0f}, {lat['hit']['cpu_us']:.0f} |")
     md += ["", "Targets:", ""] + [f"- {t}" for t in targets] + [""]
     text = open(path).read() if os.path.exists(path) else "# Response cache\n"
     marker = "## Benchmark (generated)"
