@@ -82,6 +82,8 @@ def _serve_parser(sub) -> None:
     _flag(p, "--allow-http", "accepted for compatibility: HTTP is always served", default=True)
     _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
+    _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
+          "for tensors", default=False)
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
@@ -118,6 +120,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,

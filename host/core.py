@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
-from host import __version__, datatypes, parameters
+from host import __version__, datatypes, parameters, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
@@ -47,6 +47,7 @@ class Host:
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         self.manager = ModelManager(self.options.model_repositories, self.backends,
                                     self.options.model_control_mode, self._on_model_state)
+        self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
@@ -86,6 +87,7 @@ class Host:
         if self._poller is not None:
             self._poller.join()
         self.manager.unload_all()
+        self.shm.close()  # unmaps only: the clients' regions stay as they are
         self._stream_pool.shutdown(wait=True)
         if self.cache is not None:
             self.cache.close()
@@ -110,7 +112,8 @@ class Host:
         return self._ready
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": SERVER_NAME, "version": __version__,
+                "extensions": EXTENSIONS + self.shm.extensions()}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -210,9 +213,10 @@ class Host:
         else:
             self._schedule(mv, request)
 
-    @staticmethod
-    def _admit(mv: ModelVersion, request: InferenceRequest) -> None:
+    def _admit(self, mv: ModelVersion, request: InferenceRequest) -> None:
         """The checks every request passes before it is scheduled, whatever its front end."""
+        if request.uses_shm:
+            shm.bind_request(request, self.shm, mv.name)
         parameters.interpret(request)
         parameters.check_outputs(request)
         mv.rules.check(request)
@@ -232,6 +236,7 @@ class Host:
         # ---
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
+        shm_outputs = request.shm_outputs
         error: HostError | None = None
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
@@ -245,8 +250,15 @@ class Host:
                 response.model_name, response.model_version, response.id = name, version, request.id
                 if response.error is not None:
                     error = response.error
-                elif wanted is not None:
-                    response.outputs = [t for t in response.outputs if t.name in wanted]
+                else:
+                    if wanted is not None:
+                        response.outputs = [t for t in response.outputs if t.name in wanted]
+                    if shm_outputs is not None:
+                        try:
+                            shm.write_outputs(response, shm_outputs)
+                        except HostError as exc:
+                            error = exc
+                            response = InferenceResponse(name, version, request.id, error=exc)
             if final:
                 request.completed = True
                 now = time.perf_counter_ns()

@@ -61,6 +61,10 @@ class InferenceRequest:
     exec_start_ns: int = 0
     completed: bool = False  # set once the final response went out
     cancelled: bool = False  # a plain flag: set once, read by schedulers and models
+    # Shared memory: the front end sets `uses_shm` when a tensor names a region (its data is then
+    # None until the host binds it); `shm_outputs` maps output names to (region, offset, size).
+    uses_shm: bool = False
+    shm_outputs: dict[str, tuple[Any, int, int]] | None = None
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -30,6 +30,7 @@ class ServerOptions:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    allow_client_shm: bool = False  # register/unregister client shared memory (off: refused)
     log_verbose: int = 0
     exit_timeout_secs: float = 30.0
     model_load_thread_count: int = 4

@@ -70,8 +70,6 @@ def check_outputs(request: InferenceRequest) -> None:
         if params.get("classification"):
             raise UnsupportedError(
                 f"output '{o.name}': the classification extension is not supported by this server")
-        if any(key.startswith("shared_memory_") for key in params):
-            raise UnsupportedError(f"output '{o.name}': shared memory is not supported by this server")
 
 
 def _unsigned(value: Any) -> bool:

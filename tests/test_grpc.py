@@ -493,14 +493,21 @@ def test_aio_client(endpoint: Endpoint) -> None:
     np.testing.assert_array_equal(asyncio.run(run()), np.full((1, 16), 2, np.int32))
 
 
-def test_shared_memory_trace_and_log_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_system_shared_memory_status, client.get_cuda_shared_memory_status,
-                 lambda: client.unregister_system_shared_memory(), client.get_trace_settings,
-                 client.get_log_settings):
+def test_trace_and_log_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
+    for call in (client.get_trace_settings, client.get_log_settings):
         with _raises(grpc.StatusCode.UNIMPLEMENTED):
             call()
-    with _raises(grpc.StatusCode.UNIMPLEMENTED):
+
+
+def test_shared_memory_is_off_unless_allowed(client: grpcclient.InferenceServerClient) -> None:
+    # status and unregister-all answer whatever the setting: clients call them unconditionally
+    assert not client.get_system_shared_memory_status().regions
+    assert not client.get_cuda_shared_memory_status().regions
+    client.unregister_system_shared_memory()
+    client.unregister_cuda_shared_memory()
+    with _raises(grpc.StatusCode.UNIMPLEMENTED, "Client shared memory is disabled"):
         client.register_system_shared_memory("r", "/key", 16)
+    assert "system_shared_memory" not in client.get_server_metadata().extensions
 
 
 # --- streaming -----------------------------------------------------------------------------

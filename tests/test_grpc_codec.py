@@ -125,11 +125,15 @@ def test_sizes_are_checked() -> None:
     assert info.value.message == "unable to find data for input tensor 'X' for model 'm' in request."
 
 
-def test_shared_memory_inputs_are_unsupported_in_one_place() -> None:
-    # (requested outputs with shared memory are the host's to refuse: tests/test_parameters.py)
+def test_shared_memory_inputs_are_left_for_the_host_to_bind() -> None:
     tensor = InputTensor(name="X", datatype="FP32", shape=[1])
     tensor.parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(UnsupportedError, match="shared memory"):
+    tensor.parameters["shared_memory_byte_size"].int64_param = 4
+    request = codec.decode_infer_request(_request(tensor))
+    assert request.uses_shm and request.inputs["X"].data is None
+    assert request.inputs["X"].parameters == {"shared_memory_region": "r", "shared_memory_byte_size": 4}
+    tensor.contents.fp32_contents.append(1.0)
+    with pytest.raises(InvalidArgumentError, match="unexpected 'content' provided when using shared memory"):
         codec.decode_infer_request(_request(tensor))
 
 
@@ -221,3 +225,22 @@ def test_not_found_maps_to_not_found() -> None:
     import grpc
 
     assert status_code(NotFoundError("x").code) is grpc.StatusCode.NOT_FOUND
+
+
+def test_large_unary_responses_frame_their_contents_by_hand() -> None:
+    from host.inference import InferenceResponse, Tensor
+    big = np.arange(codec.LARGE_OUTPUT_BYTES // 4 + 3, dtype=np.float32)
+    outputs = [Tensor("A", "FP32", [big.size], big),
+               Tensor("S", "BYTES", [2], np.array([b"x\x00", b""], dtype=np.object_)),
+               Tensor("M", "INT8", [4], None),  # written to shared memory: empty contents
+               Tensor("T", "INT16", [3, 2], np.arange(6, dtype=np.int16).reshape(2, 3).T)]
+    response = InferenceResponse("m", "1", "id7", outputs=outputs, parameters={"p": 1})
+    framed = codec.encode_unary_response(response)
+    assert isinstance(framed, codec.FramedResponse)
+    parsed = pb.ModelInferResponse.FromString(framed.SerializeToString())
+    assert parsed == codec.encode_infer_response(response)
+    assert parsed.raw_output_contents[0] == big.tobytes()
+    assert parsed.raw_output_contents[2] == b""
+    assert parsed.raw_output_contents[3] == np.arange(6, dtype=np.int16).reshape(2, 3).T.tobytes()
+    small = InferenceResponse("m", "1", outputs=[Tensor("A", "FP32", [2], big[:2])])
+    assert isinstance(codec.encode_unary_response(small), pb.ModelInferResponse)

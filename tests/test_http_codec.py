@@ -360,9 +360,11 @@ MALFORMED = [
      InvalidArgumentError, "BYTES elements must be strings"),
     ("duplicate_input", _json_request(INT_IN, INT_IN), None, InvalidArgumentError,
      "input 'IN' already exists in request"),
-    ("shared_memory", _json_request({k: v for k, v in INT_IN.items() if k != "data"}
-                                    | {"parameters": {"shared_memory_region": "r"}}), None,
-     UnsupportedError, "shared memory is not supported"),
+    ("shared_memory_and_data", _json_request(INT_IN | {"parameters": {"shared_memory_region": "r"}}),
+     None, InvalidArgumentError, "But set 'data' 'shared_memory_region'"),
+    ("shared_memory_output_binary", _json_request(INT_IN, outputs=[{"name": "O", "parameters": {
+        "shared_memory_region": "r", "shared_memory_byte_size": 4, "binary_data": True}}]), None,
+     InvalidArgumentError, "Output can't set both 'shared_memory_region' and 'binary_data'"),
     ("id_not_string", _json_request(INT_IN, id=5), None, InvalidArgumentError, "Unable to parse 'id'"),
     ("parameters_not_object", _json_request(INT_IN, parameters=[1]), None, InvalidArgumentError,
      "Unable to parse 'parameters'"),

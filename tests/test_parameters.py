@@ -44,7 +44,6 @@ def test_bad_reserved_parameters(params, message):
 @pytest.mark.parametrize("outputs, error, message", [
     ([("A", {}), ("A", {})], InvalidArgumentError, "output 'A' already exists in request"),
     ([("A", {"classification": 3})], UnsupportedError, "classification extension is not supported"),
-    ([("A", {"shared_memory_region": "r"})], UnsupportedError, "shared memory is not supported"),
 ])
 def test_requested_outputs_are_judged_by_the_host(outputs, error, message):
     r = req()

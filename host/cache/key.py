@@ -22,6 +22,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy as np
 import orjson
 
 from host import datatypes
@@ -40,6 +41,8 @@ def cacheable_request(request: InferenceRequest) -> bool:
     """Whether a request may be looked up and its response stored: every input must be in CPU
     memory (a numpy array on the host; system shared memory counts, CUDA memory does not)."""
     for tensor in request.inputs.values():
+        if not isinstance(tensor.data, np.ndarray):  # a device array (CUDA shared memory)
+            return False
         params = tensor.parameters
         if params and params.get(DEVICE_PARAMETER, "cpu") != "cpu":
             return False

@@ -19,6 +19,7 @@ from host import datatypes
 from host.errors import InternalError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.proto import grpc_service_pb2 as pb
+from host.shm.tensors import mentions_shm
 
 ModelInferResponse = pb.ModelInferResponse
 InferOutputTensor = pb.ModelInferResponse.InferOutputTensor
@@ -80,14 +81,6 @@ def set_parameters(target: Any, params: dict[str, Any]) -> None:
         else:
             raise UnsupportedError(
                 f"parameter '{key}' of type {type(value).__name__} cannot be sent over gRPC")
-
-
-# --- shared memory: the one place that knows about it ----------------------------------------
-
-def _reject_shared_memory(params: Any, what: str) -> None:
-    """Shared-memory tensors are not supported yet (the seam for them: this function)."""
-    if "shared_memory_region" in params:
-        raise UnsupportedError(f"{what}: shared memory is not supported by this server")
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -175,6 +168,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     raw = msg.raw_input_contents
     raw_index = 0
     inputs: dict[str, Tensor] = {}
+    uses_shm = False
     for tensor in msg.inputs:
         name = tensor.name
         datatype = tensor.datatype
@@ -189,8 +183,17 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
         params = tensor.parameters
         extra = {}
         if params:
-            _reject_shared_memory(params, f"input '{name}'")
             extra = parameters_to_dict(params)
+            if mentions_shm(extra):  # the host binds it to the region (host.shm)
+                if tensor.HasField("contents"):
+                    raise InvalidArgumentError(
+                        f"unexpected 'content' provided when using shared memory for input tensor "
+                        f"'{name}' for model '{model}'")
+                if name in inputs:
+                    raise InvalidArgumentError(f"input '{name}' already exists in request")
+                inputs[name] = Tensor(name, datatype, shape, None, extra)
+                uses_shm = True
+                continue
         if tensor.HasField("contents"):
             if raw:
                 raise InvalidArgumentError(
@@ -210,18 +213,21 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     for out in msg.outputs:
         oparams = out.parameters
         extra = {}
-        if oparams:  # the host judges them (host.parameters.check_outputs)
+        if oparams:  # the host judges them (host.parameters.check_outputs, host.shm)
             extra = parameters_to_dict(oparams)
+            uses_shm = uses_shm or mentions_shm(extra)
         outputs.append(RequestedOutput(out.name, extra))
     params = msg.parameters
-    return InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
-                            id=msg.id, inputs=inputs, outputs=outputs,
-                            parameters=parameters_to_dict(params) if params else {})
+    request = InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
+                               id=msg.id, inputs=inputs, outputs=outputs,
+                               parameters=parameters_to_dict(params) if params else {})
+    request.uses_shm = uses_shm
+    return request
 
 
 # --- response --------------------------------------------------------------------------------
 
-def _raw_output(t: Tensor) -> bytes:
+def _raw_output(t: Tensor, view: bool = False) -> bytes | memoryview:
     data = t.data
     arr = data if isinstance(data, np.ndarray) else np.asarray(data)
     if arr.size != datatypes.element_count(t.shape):
@@ -231,11 +237,60 @@ def _raw_output(t: Tensor) -> bytes:
     want = datatypes.to_numpy(t.datatype)
     if arr.dtype != want:
         arr = arr.astype(want)
+    if view:  # no copy of contiguous data: the caller copies it once, into the message
+        return datatypes.array_to_bytes(t.datatype, arr)
     return arr.tobytes()  # C order, whatever the array's layout
 
 
-def encode_infer_response(response: InferenceResponse, request_id: str = "") -> Any:
-    """A ModelInferResponse carrying every output in raw_output_contents."""
+# Outputs at least this large are framed by hand (`FramedResponse`) instead of by upb.
+LARGE_OUTPUT_BYTES = 1 << 16
+_RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # ModelInferResponse.raw_output_contents: field 6, bytes
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class FramedResponse:
+    """A ModelInferResponse whose raw_output_contents are appended as framed bytes.
+
+    upb's encoder takes about 100-300 ms for one 16 MiB bytes field here (it grows its buffer
+    step by step), against a few ms for one copy. A message's fields may come in any order, so the
+    small part goes through upb and the tensors are framed after it, with one join (one copy).
+    Used for unary responses; streams embed the message and keep `encode_infer_response`.
+    """
+
+    __slots__ = ("head", "raws")
+
+    def __init__(self, head: Any, raws: list) -> None:
+        self.head, self.raws = head, raws
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf method name the server calls
+        parts = [self.head.SerializeToString()]
+        for raw in self.raws:
+            parts.append(_RAW_OUTPUT_TAG + _varint(len(raw)))
+            parts.append(raw)
+        return b"".join(parts)
+
+
+def encode_unary_response(response: InferenceResponse, request_id: str = "") -> Any:
+    """The ModelInfer answer: a message, or a `FramedResponse` when the outputs are large."""
+    if sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray)) < LARGE_OUTPUT_BYTES:
+        return encode_infer_response(response, request_id)
+    msg = encode_infer_response(response, request_id, with_contents=False)
+    raws = [_raw_output(t, view=True) if t.data is not None else b"" for t in response.outputs]
+    return FramedResponse(msg, raws)
+
+
+def encode_infer_response(response: InferenceResponse, request_id: str = "",
+                          with_contents: bool = True) -> Any:
+    """A ModelInferResponse carrying every output in raw_output_contents (unless `with_contents`
+    is False: then the caller frames them, see `FramedResponse`)."""
     outputs = []
     raws = []
     for t in response.outputs:
@@ -243,7 +298,10 @@ def encode_infer_response(response: InferenceResponse, request_id: str = "") -> 
         if t.parameters:
             set_parameters(out.parameters, t.parameters)
         outputs.append(out)
-        raws.append(_raw_output(t))
+        # An output written to shared memory keeps its place with empty contents: clients
+        # index raw_output_contents by output position.
+        if with_contents:
+            raws.append(_raw_output(t) if t.data is not None else b"")
     msg = ModelInferResponse(model_name=response.model_name, model_version=str(response.model_version),
                              id=response.id or request_id, outputs=outputs, raw_output_contents=raws)
     if response.parameters:

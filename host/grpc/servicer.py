@@ -70,7 +70,7 @@ class Servicer:
         infer_request = codec.decode_infer_request(request)
         call.add_cancel_callback(infer_request.cancel)
         response = self.host.infer(infer_request, endpoint=INFER_ENDPOINT)
-        return codec.encode_infer_response(response, request.id)
+        return codec.encode_unary_response(response, request.id)
 
     def ModelStreamInfer(self, writer: Writer) -> Stream:
         return Stream(self.host, writer)
@@ -92,12 +92,38 @@ class Servicer:
         self.host.unload_model(request.model_name, unload_dependents=dependents)
         return pb.RepositoryModelUnloadResponse()
 
+    # --- shared memory ---------------------------------------------------------------------
+    def SystemSharedMemoryStatus(self, request: Any, call: Call) -> Any:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.host.shm.status("system", request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    def SystemSharedMemoryRegister(self, request: Any, call: Call) -> Any:
+        self.host.shm.register_system(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request: Any, call: Call) -> Any:
+        self.host.shm.unregister(request.name, "system")
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, request: Any, call: Call) -> Any:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.host.shm.status("cuda", request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    def CudaSharedMemoryRegister(self, request: Any, call: Call) -> Any:
+        self.host.shm.register_cuda(request.name, request.raw_handle, request.device_id,
+                                    request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def CudaSharedMemoryUnregister(self, request: Any, call: Call) -> Any:
+        self.host.shm.unregister(request.name, "cuda")
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # --- declared, not implemented yet (UNIMPLEMENTED) -------------------------------------
-    SystemSharedMemoryStatus = _unimplemented("system shared memory")
-    SystemSharedMemoryRegister = _unimplemented("system shared memory")
-    SystemSharedMemoryUnregister = _unimplemented("system shared memory")
-    CudaSharedMemoryStatus = _unimplemented("CUDA shared memory")
-    CudaSharedMemoryRegister = _unimplemented("CUDA shared memory")
-    CudaSharedMemoryUnregister = _unimplemented("CUDA shared memory")
     TraceSetting = _unimplemented("trace settings")
     LogSettings = _unimplemented("log settings")

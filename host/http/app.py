@@ -281,6 +281,42 @@ class Repository(_Resource):
         resp.content_type = JSON
 
 
+class SharedMemory(_Resource):
+    """/v2/systemsharedmemory/... and /v2/cudasharedmemory/... (one resource per kind)."""
+
+    def __init__(self, host: Host, max_input_size: int, kind: str) -> None:
+        super().__init__(host, max_input_size)
+        self.kind = kind
+
+    def on_get_status(self, req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
+        _json(resp, self.host.shm.status(self.kind, name))
+
+    def on_post_register(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        doc = self.json_body(req)
+        if self.kind == "system":
+            self.host.shm.register_system(name, _field(doc, "key"), doc.get("offset", 0),
+                                          _field(doc, "byte_size"))
+        else:
+            handle = _field(doc, "raw_handle")
+            b64 = handle.get("b64") if isinstance(handle, dict) else None
+            if type(b64) is not str:
+                raise InvalidArgumentError(
+                    "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+            self.host.shm.register_cuda(name, b64, _field(doc, "device_id"),
+                                        _field(doc, "byte_size"))
+        resp.content_type = JSON
+
+    def on_post_unregister(self, req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
+        self.host.shm.unregister(name, self.kind)
+        resp.content_type = JSON
+
+
+def _field(doc: dict[str, Any], key: str) -> Any:
+    if key not in doc:
+        raise InvalidArgumentError(f"Shared memory register request has no '{key}' field")
+    return doc[key]
+
+
 def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
@@ -374,6 +410,13 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Fast
         app.add_route(base + "/infer", infer)
         app.add_route(base + "/generate", gen)
         app.add_route(base + "/generate_stream", gen, suffix="stream")
+    for kind, prefix in (("system", "/v2/systemsharedmemory"), ("cuda", "/v2/cudasharedmemory")):
+        shm = SharedMemory(host, max_input_size, kind)
+        app.add_route(prefix + "/status", shm, suffix="status")
+        app.add_route(prefix + "/region/{name}/status", shm, suffix="status")
+        app.add_route(prefix + "/region/{name}/register", shm, suffix="register")
+        app.add_route(prefix + "/unregister", shm, suffix="unregister")
+        app.add_route(prefix + "/region/{name}/unregister", shm, suffix="unregister")
     app.add_route("/v2/repository/index", repo, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)

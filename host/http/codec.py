@@ -21,6 +21,7 @@ import orjson
 from host import datatypes
 from host.errors import InternalError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from host.shm.tensors import mentions_shm
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -256,7 +257,7 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
         raise InvalidArgumentError(f"Unable to parse 'parameters' of input '{name}': expected an object")
     has_data = "data" in item
     has_binary = "binary_data_size" in params
-    has_shm = "shared_memory_region" in params
+    has_shm = mentions_shm(params)
     if has_data + has_binary + has_shm != 1:
         given = [f"'{k}'" for k, on in (("data", has_data), ("binary_data_size", has_binary),
                                          ("shared_memory_region", has_shm)) if on]
@@ -264,9 +265,8 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
             f"Input '{name}' must set only one of the following fields: 'data', 'binary_data_size' "
             "in 'parameters', 'shared_memory_region' in 'parameters'. But "
             + (("set " + " ".join(given)) if given else "no field is set"))
-    if has_shm:
-        raise UnsupportedError(f"input '{name}': shared memory is not supported by this server")
-
+    if has_shm:  # the host binds it to the region (host.shm)
+        return Tensor(name, datatype, shape, None, dict(params)), offset
     if has_binary:
         size = params["binary_data_size"]
         if not _nonneg_int(size):
@@ -330,6 +330,8 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
                     is_binary = value
                 else:  # the host judges the rest (host.parameters.check_outputs)
                     extra[key] = value
+        if is_binary and mentions_shm(extra):  # tritonclient sends binary_data=false with it
+            raise InvalidArgumentError("Output can't set both 'shared_memory_region' and 'binary_data'")
         binary[name] = is_binary  # type: ignore[assignment]
         requested.append(RequestedOutput(name, extra))
     return requested, {k: v for k, v in binary.items() if v is not None}
@@ -363,7 +365,13 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     outputs, binary = _requested_outputs(doc.get("outputs"))
     request = InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
                                inputs=inputs, outputs=outputs, parameters=parameters)
+    request.uses_shm = _uses_shm(request)
     return request, OutputFormat(default_binary, binary)
+
+
+def _uses_shm(request: InferenceRequest) -> bool:
+    return (any(t.data is None for t in request.inputs.values())
+            or any(o.parameters and mentions_shm(o.parameters) for o in request.outputs))
 
 
 # --- response --------------------------------------------------------------------------------
@@ -382,8 +390,13 @@ def encode_infer_response(response: InferenceResponse, fmt: OutputFormat,
     outputs = []
     blobs: list[bytes | memoryview] = []
     for t in response.outputs:
-        arr = output_array(t)
         out: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if t.data is None:  # written to shared memory: the response only describes it
+            if t.parameters:
+                out["parameters"] = t.parameters
+            outputs.append(out)
+            continue
+        arr = output_array(t)
         if fmt.is_binary(t.name):
             raw = datatypes.array_to_bytes(t.datatype, arr)
             size = len(raw)

@@ -464,7 +464,8 @@ class PythonInstance(Instance):
 
     def _wrap_request(self, request: HostRequest, sender: pb_utils.InferenceResponseSender
                       ) -> pb_utils.InferenceRequest:
-        inputs = [pb_utils.Tensor._wrap(name, t.datatype, t.data) for name, t in request.inputs.items()]
+        inputs = [pb_utils.Tensor._wrap(name, t.datatype, _on_host(t.data))
+                  for name, t in request.inputs.items()]
         requested = request.requested_output_names or self.model.output_names
         flags = 0
         if request.sequence_start:
@@ -519,3 +520,11 @@ class PythonInstance(Instance):
             host.outputs.append(HostTensor(name=name, datatype=datatype, shape=list(data.shape),
                                            data=data))
         return host
+
+
+def _on_host(data: Any) -> Any:
+    """Python models get inputs in CPU memory, as Triton's python backend gives them by default
+    (FORCE_CPU_ONLY_INPUT_TENSORS): a device array (CUDA shared memory) is copied to the host."""
+    if hasattr(data, "__cuda_array_interface__"):
+        return data.get()  # cupy: the host's device arrays are cupy arrays (host.shm.cuda)
+    return data

@@ -1,0 +1,127 @@
+"""The registry of client shared-memory regions: one namespace for system and CUDA regions.
+
+Registering maps the region once; a request looks its regions up by name and keeps the region
+object (and so the mapping) for as long as it runs, which is what lets an unregister that races
+an in-flight request leave that request's memory valid until it finishes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import threading
+from typing import Any
+
+from host.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnsupportedError
+from host.shm import cuda
+from host.shm.system import SystemRegion
+
+DISABLED = "Client shared memory is disabled"
+_UINT64 = 1 << 64
+
+
+class SharedMemoryManager:
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self._regions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # --- what the server advertises --------------------------------------------------------
+    def extensions(self) -> list[str]:
+        if not self.enabled:
+            return []
+        found = ["system_shared_memory"]
+        if cuda.unavailable_reason() is None:
+            found.append("cuda_shared_memory")
+        return found
+
+    # --- register / unregister / status ----------------------------------------------------
+    def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self._check_enabled()
+        if type(key) is not str:
+            raise InvalidArgumentError("Unable to parse 'key': expected a string")
+        offset = _uint64("offset", offset)
+        byte_size = _uint64("byte_size", byte_size)
+        self._check_name(name)
+        with self._lock:
+            self._check_free(name)
+            # Mapping under the lock keeps two registers of one name from both succeeding.
+            self._regions[name] = SystemRegion(name, key, offset, byte_size)
+
+    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
+        self._check_enabled()
+        cuda.check_available()
+        if isinstance(raw_handle, str):  # HTTP: base64 text
+            try:
+                raw_handle = base64.b64decode(raw_handle, validate=True)
+            except (binascii.Error, ValueError):
+                raw_handle = b""
+            if len(raw_handle) != cuda.IPC_HANDLE_SIZE:
+                raise InvalidArgumentError(
+                    "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+        if type(device_id) is not int or device_id < 0:
+            raise InvalidArgumentError("Unable to parse 'device_id': expected a non-negative integer")
+        byte_size = _uint64("byte_size", byte_size)
+        self._check_name(name)
+        with self._lock:
+            self._check_free(name)
+            self._regions[name] = cuda.CudaRegion(name, raw_handle, device_id, byte_size)
+
+    def unregister(self, name: str = "", kind: str | None = None) -> None:
+        """Unregister one region, or every region of `kind` when `name` is empty.
+
+        Unknown names succeed (as in Triton): the client's intent, no region by that name, holds.
+        A region of the other kind is left alone: the two APIs only see their own regions.
+        """
+        with self._lock:
+            if name:
+                region = self._regions.get(name)
+                gone = [region] if region is not None and (kind is None or region.kind == kind) else []
+            else:
+                gone = [r for r in self._regions.values() if kind is None or r.kind == kind]
+            for region in gone:
+                # Dropping the registry's reference is the whole unregister: the mapping goes
+                # with the last in-flight request still viewing it.
+                del self._regions[region.name]
+
+    def status(self, kind: str, name: str = "") -> list[dict]:
+        with self._lock:
+            if name:
+                region = self._regions.get(name)
+                if region is None or region.kind != kind:
+                    label = "system" if kind == "system" else "cuda"
+                    raise NotFoundError(f"Unable to find {label} shared memory region: '{name}'")
+                return [region.status()]
+            return [r.status() for r in self._regions.values() if r.kind == kind]
+
+    # --- used by requests ------------------------------------------------------------------
+    def get(self, name: str) -> Any:
+        region = self._regions.get(name)  # a dict read is atomic: no lock on the request path
+        if region is None:
+            raise NotFoundError(f"Unable to find shared memory region: '{name}'")
+        return region
+
+    def close(self) -> None:
+        self.unregister()
+
+    # --- rules -----------------------------------------------------------------------------
+    def _check_enabled(self) -> None:
+        if not self.enabled:
+            raise UnsupportedError(DISABLED)
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if not name:
+            raise InvalidArgumentError("shared memory region name must not be empty")
+
+    def _check_free(self, name: str) -> None:
+        if name in self._regions:
+            raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+
+
+def _uint64(field: str, value: Any) -> int:
+    if value is None:
+        raise InvalidArgumentError(f"Shared memory register request has no '{field}' field")
+    if type(value) is not int or not 0 <= value < _UINT64:
+        raise InvalidArgumentError(f"Unable to parse '{field}': expected an unsigned 64-bit integer")
+    return value

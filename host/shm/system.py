@@ -1,0 +1,69 @@
+"""System (POSIX) shared-memory regions: a window of a client's `/dev/shm` object, mapped once.
+
+The host only ever opens the object the client created: it never creates, unlinks, truncates or
+resizes it, so the client's region outlives the server. The key must name a POSIX shared-memory
+object and nothing else (no path separators, no '..', no symlinks), so a register request cannot
+reach any other file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import stat
+
+import numpy as np
+
+from host.errors import InvalidArgumentError
+
+SHM_DIR = "/dev/shm"
+# shm_open(3): an optional leading '/', then a name with no further '/', at most NAME_MAX bytes.
+_KEY = re.compile(r"/?[^/\x00]{1,255}")
+
+
+def _open_error(key: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"Unable to open shared memory region: '{key}'")
+
+
+class SystemRegion:
+    kind = "system"
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
+        self.device_id = -1
+        # One byte view of the window: tensor views are slices of it (no copies, no new mappings).
+        # The mapping lives exactly as long as something refers to it: the registry until
+        # unregister, and every in-flight request through its views, so there is no close().
+        self.buffer = np.frombuffer(_map_window(key, offset, byte_size), dtype=np.uint8,
+                                    count=byte_size, offset=offset)
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+def _map_window(key: str, offset: int, byte_size: int) -> mmap.mmap:
+    name = key[1:] if key.startswith("/") else key
+    if not _KEY.fullmatch(key) or name in (".", ".."):
+        raise _open_error(key)
+    try:
+        dir_fd = os.open(SHM_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        raise _open_error(key) from None
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        raise _open_error(key) from None
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+        end = offset + byte_size
+        if not stat.S_ISREG(info.st_mode) or byte_size == 0 or end > info.st_size:
+            raise InvalidArgumentError(f"Invalid shared memory region: '{key}'")
+        # Map from the object's start: mmap offsets must be page aligned, region offsets need not be.
+        return mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        raise _open_error(key) from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,146 @@
+"""Shared-memory tensors of one request: inputs as views of a region, outputs written into one.
+
+The front ends only notice that a tensor names shared memory (`mentions_shm`) and leave its data
+out; every rule about the references (which parameters, their types, the region, the bounds, the
+byte size) lives here, so HTTP and gRPC give the same answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from host import datatypes
+from host.errors import InvalidArgumentError
+from host.inference import InferenceRequest, InferenceResponse, Tensor
+
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+BYTE_SIZE = "shared_memory_byte_size"
+KEYS = (REGION, OFFSET, BYTE_SIZE)
+_UINT64 = 1 << 64
+
+
+def mentions_shm(params: Any) -> bool:
+    """Whether a tensor's parameters put it in shared memory (the front ends' one question)."""
+    return REGION in params or BYTE_SIZE in params
+
+
+def bind_request(request: InferenceRequest, manager: Any, model_name: str) -> None:
+    """Give each shared-memory input its view, and reserve each shared-memory output's target.
+
+    The request keeps the region objects it uses (through its views and `shm_outputs`), so an
+    unregister during the request cannot pull its memory away.
+    """
+    for tensor in request.inputs.values():
+        if tensor.data is None:
+            tensor.data = _input_view(tensor, manager, model_name)
+    targets = {}
+    for output in request.outputs:
+        params = output.parameters
+        if params and mentions_shm(params):
+            region, offset, size = _target(params, output.name, manager)
+            targets[output.name] = (region, offset, size)
+            output.parameters = {k: v for k, v in params.items() if k not in KEYS}
+    request.shm_outputs = targets or None
+
+
+def write_outputs(response: InferenceResponse, targets: dict[str, tuple[Any, int, int]]) -> None:
+    """Write each output that has a target into its region, once; the response keeps only its
+    name, datatype and shape (the front ends send no data for it)."""
+    for tensor in response.outputs:
+        target = targets.get(tensor.name)
+        if target is not None and tensor.data is not None:
+            _write(tensor, *target)
+            tensor.data = None
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def _input_view(tensor: Tensor, manager: Any, model_name: str) -> Any:
+    name = tensor.name
+    region, offset, size = _target(tensor.parameters, name, manager)
+    tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in KEYS}
+    window = region.buffer[offset:offset + size]
+    count = datatypes.element_count(tensor.shape)
+    if tensor.datatype == "BYTES":
+        host = window if region.kind == "system" else window.get()  # strings are parsed on the CPU
+        try:
+            return datatypes.bytes_array(datatypes.deserialize_bytes(memoryview(host), count),
+                                         tensor.shape)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
+    expected = datatypes.element_size(tensor.datatype) * count
+    if size != expected:
+        raise InvalidArgumentError(
+            f"input byte size mismatch for input '{name}' for model '{model_name}'. "
+            f"Expected {expected}, got {size}")
+    view = window.view(datatypes.to_numpy(tensor.datatype)).reshape(tensor.shape)
+    if region.kind == "system":
+        view.flags.writeable = False  # the model reads the client's bytes; it must not change them
+    return view
+
+
+# --- outputs -----------------------------------------------------------------------------------
+
+def _write(tensor: Tensor, region: Any, offset: int, size: int) -> None:
+    data = tensor.data
+    on_device = hasattr(data, "__cuda_array_interface__")
+    if tensor.datatype == "BYTES":
+        host = data.get() if on_device else np.asarray(data)
+        src: Any = np.frombuffer(datatypes.serialize_bytes(host.reshape(-1)), dtype=np.uint8)
+        on_device = False
+    else:
+        want = datatypes.to_numpy(tensor.datatype)
+        if on_device:
+            import cupy
+            src = cupy.ascontiguousarray(cupy.asarray(data), dtype=want).reshape(-1).view(cupy.uint8)
+        else:
+            src = np.ascontiguousarray(data, dtype=want).reshape(-1).view(np.uint8)
+    need = src.size
+    if need > size:
+        raise InvalidArgumentError(
+            f"shared memory size specified with the request for output '{tensor.name}' "
+            f"({size} bytes) should be at least {need} bytes to hold the results")
+    dst = region.buffer[offset:offset + need]
+    if region.kind == "system":
+        if on_device:
+            src.get(out=dst)  # device to host, straight into the region
+        else:
+            np.copyto(dst, src)
+    elif on_device:
+        dst[...] = src  # device to device
+    else:
+        dst.set(src)  # host to device
+
+
+# --- references --------------------------------------------------------------------------------
+
+def _target(params: dict, name: str, manager: Any) -> tuple[Any, int, int]:
+    region_name = params.get(REGION)
+    size = params.get(BYTE_SIZE)
+    if region_name is None:
+        raise InvalidArgumentError(
+            f"'{REGION}' must be specified along with '{BYTE_SIZE}' parameter for tensor '{name}'")
+    if size is None:
+        raise InvalidArgumentError(
+            f"'{BYTE_SIZE}' must be specified along with '{REGION}' parameter for tensor '{name}'")
+    if type(region_name) is not str:
+        raise InvalidArgumentError(f"Unable to parse '{REGION}': expected a string")
+    size = _uint64(BYTE_SIZE, size)
+    offset = _uint64(OFFSET, params.get(OFFSET, 0))
+    region = manager.get(region_name)
+    # Python integers do not wrap, so offset + size cannot overflow past the region's end.
+    if offset > region.byte_size:
+        raise InvalidArgumentError(f"Invalid offset for shared memory region: '{region_name}'")
+    if offset + size > region.byte_size:
+        raise InvalidArgumentError(
+            f"Invalid offset + byte size for shared memory region: '{region_name}'")
+    return region, offset, size
+
+
+def _uint64(key: str, value: Any) -> int:
+    if type(value) is not int or not 0 <= value < _UINT64:
+        raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned 64-bit integer")
+    return value
