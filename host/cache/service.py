@@ -124,11 +124,10 @@ class CacheService:
         return Probe(self, mv, key, hit, elapsed)
 
     def store(self, key: bytes, response: InferenceResponse) -> None:
-        outputs = response.outputs
-        if not all(codec.is_cpu_array(t) for t in outputs):
-            return
         try:
-            self.cache.insert(key, codec.encode_entry(outputs))
+            entry = codec.encode_entry(response.outputs)
+            if entry is not None:
+                self.cache.insert(key, entry)
         except Exception as exc:
             self._errors.error("insert failed (response not cached): %s: %s", type(exc).__name__, exc)
 
