@@ -39,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "modelhost_only: needs a modelhost process of its own; skipped with MODELHOST_TEST_URL"
     )
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped where none is usable")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -205,7 +205,7 @@ def test_unknown_backend_fails_with_clear_message(tmp_path):
     (path / "config.pbtxt").write_text((path / "config.pbtxt").read_text().replace('"rec"', '"nosuch"'))
     host = make_host(tmp_path)
     errors = host.start()
-    assert "unable to find backend 'nosuch'" in errors["nob"] and "libtriton_nosuch.so" in errors["nob"]
+    assert "no plugin provides backend 'nosuch'" in errors["nob"] and "libtriton_nosuch.so" in errors["nob"]
 
 
 # --- scheduling --------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""A minimal modelhost backend plugin ("example"): OUTPUT = INPUT * factor."""
