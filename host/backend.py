@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 if TYPE_CHECKING:
     from host.inference import InferenceRequest, InferenceResponse
@@ -79,6 +79,12 @@ class Instance:
     def execute(self, requests: Sequence[InferenceRequest]) -> Sequence[InferenceResponse] | None:
         raise NotImplementedError
 
+    def reported_statistics(self) -> tuple[int, int, int] | None:
+        """Durations (compute_input, compute_infer, compute_output, in ns) the backend itself
+        reported for the execute that just returned, or None to let the host time it (as Triton
+        takes a backend's TRITONBACKEND_ModelInstanceReportBatchStatistics)."""
+        return None
+
     def finalize(self) -> None:
         """Called once after the last execute."""
 
@@ -97,6 +103,11 @@ class Model:
 
     def finalize(self) -> None:
         """Called once, after every instance was finalized."""
+
+    def metrics(self) -> Iterable[Any]:
+        """Prometheus metric families of the model's own (prometheus_client `Metric`s), added to
+        /metrics at each scrape; families of the same name from several models are merged."""
+        return ()
 
 
 class Backend:

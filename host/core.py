@@ -22,6 +22,7 @@ from host.errors import (HostError, InternalError, NotFoundError, UnsupportedErr
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
+from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
@@ -41,7 +42,8 @@ class Host:
                 f"unknown model control mode '{self.options.model_control_mode}' "
                 f"(expected one of {', '.join(CONTROL_MODES)})")
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
-        self.backends = BackendPool(self.plugins.registry, self.options.backend_directory)
+        self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
+                                    native_loader=native_backend.loader(self.options.backend_directory))
         # The response cache (None without --cache-config); see _prepare for where it is used.
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)

@@ -21,6 +21,8 @@ metric families each time it is scraped. Names, types and labels are Triton's
     counter nv_cache_num_hits_per_model, nv_cache_num_misses_per_model,
             nv_cache_hit_duration_per_model, nv_cache_miss_duration_per_model {model,version}
             (only for models with `response_cache { enable: true }`, or once they count something)
+    ...and whatever families a loaded model's backend adds (`host.backend.Model.metrics`; the
+    `inflight` backend's `nv_trt_llm_*` gauges), merged by name across models
 
 Triton's counters carry no `_total` suffix (prometheus-cpp writes `# TYPE nv_inference_count
 counter` and samples named `nv_inference_count`). prometheus_client's own exposition appends
@@ -134,6 +136,19 @@ class TritonCollector:
         yield from families[1:]
         if any_cache:
             yield from cache
+        yield from _model_families(loaded.values())
+
+
+def _model_families(loaded: Iterable[Any]) -> Iterator[Metric]:
+    """Families the backends add (`host.backend.Model.metrics`), merged by name."""
+    merged: dict[str, Metric] = {}
+    for mv in loaded:
+        for family in mv.metrics():
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+    yield from merged.values()
 
 
 def _cache_enabled(mv: Any) -> bool:
@@ -147,6 +162,9 @@ def make_registry(host: Host) -> CollectorRegistry:
     """A registry of its own holding only the Triton collector (no process or GC metrics)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TritonCollector(host))
+    from host.native.metrics import NativeMetricsCollector  # native backends' own metrics
+
+    registry.register(NativeMetricsCollector())
     return registry
 
 

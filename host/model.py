@@ -134,3 +134,13 @@ class ModelVersion:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    def metrics(self) -> list:
+        """The backend model's own metric families (`host.backend.Model.metrics`)."""
+        if self._model is None:
+            return []
+        try:
+            return list(self._model.metrics())
+        except Exception:  # a scrape must not fail because of one model
+            log.exception("metrics of model '%s' version %d failed", self.name, self.version)
+            return []

@@ -51,7 +51,13 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         responses = slot.instance.execute(requests)
     except Exception as exc:  # the backend's failure becomes each request's error
         responses, failure = None, exc
-    model.stats.execution_done(len(requests), rows, time.perf_counter_ns() - called, called - start)
+    infer_ns, input_ns = time.perf_counter_ns() - called, called - start
+    # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
+    report = getattr(slot.instance, "reported_statistics", None)
+    reported = report() if report is not None else None
+    if reported is not None:
+        input_ns, infer_ns = reported[0], reported[1]
+    model.stats.execution_done(len(requests), rows, infer_ns, input_ns)
     handing = time.perf_counter_ns()
     if failure is not None:
         err = failure if isinstance(failure, HostError) else InternalError(
@@ -70,7 +76,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
                     request.respond(response, True)
     if not model.decoupled and not all(r.completed for r in requests):
         _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
-    model.stats.output_done(len(requests), rows, time.perf_counter_ns() - handing)
+    model.stats.output_done(len(requests), rows,
+                            reported[2] if reported is not None else time.perf_counter_ns() - handing)
 
 
 def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:

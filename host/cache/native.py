@@ -2,8 +2,7 @@
 
 When no plugin registers the cache named by `--cache-config NAME,...`, the host asks
 `load_native_cache` for it, as Triton loads its cache libraries. Driving such a library through
-the TRITONCACHE C API (and adapting it to `host.cache.base.ResponseCache`) is the native-library
-issue's work; until then a library that is found is reported as unsupported.
+the TRITONCACHE C API is `host.native.cache.NativeCache`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from host.cache.base import ResponseCache
-from host.errors import NotFoundError, UnsupportedError
+from host.errors import NotFoundError
 
 # Triton's default --cache-directory.
 DEFAULT_CACHE_DIRECTORY = Path("/opt/tritonserver/caches")
@@ -27,5 +26,6 @@ def load_native_cache(name: str, directory: Path | None, config: dict[str, str])
     path = native_library_path(name, directory)
     if not path.is_file():
         raise NotFoundError(f"no native cache library '{path}'")
-    raise UnsupportedError(
-        f"found native cache library '{path}', but native Triton caches are not supported by this build")
+    from host.native.cache import NativeCache  # the bridge is loaded only when a library is used
+
+    return NativeCache(path, config)

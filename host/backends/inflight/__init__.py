@@ -1,0 +1,1 @@
+"""The builtin "inflight" backend: generation models served through the batch manager."""

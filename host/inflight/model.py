@@ -1,0 +1,196 @@
+"""A small decoder-only transformer that reads and writes the paged KV cache directly.
+
+Random weights from a fixed seed (no downloads): `TinyDecoder(DecoderConfig(seed=...))` is the
+same model on every machine. Pre-norm blocks, learned positions, multi-head attention (grouped-
+query when `kv_heads` < `heads`: fewer keys and values to store and read), GELU MLP, an output
+projection of its own.
+
+`forward(batch, cache)` runs one iteration's flat batch (`host.inflight.step.StepBatch`): the
+projections run once over all tokens of all requests; each token's key and value go into its cache
+slot; attention reads each request's own slots only:
+- decode tokens (one per request in generation) all at once: their requests' blocks are
+  gathered into one run, scores computed block by block, and a softmax per request across its
+  blocks (scatter max / index_add), so no request is padded to the longest (only the unused
+  tail of each request's last block is masked);
+- context chunks one by one with scaled_dot_product_attention over the request's cached keys
+  (causal; a chunk after the first sees every earlier token of its request).
+
+`reference_logits(tokens)` is the textbook computation (no cache, whole sequence, causal
+attention) the tests check the paged path against.
+
+Any model with the same `forward` contract and the attributes `layers`, `heads`, `head_dim`,
+`vocab_size`, `max_seq_len`, `dtype`, `device` can run under the batch manager.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from host.inflight.kv_cache import KVCache
+    from host.inflight.step import StepBatch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+@dataclass
+class DecoderConfig:
+    vocab_size: int = 512
+    d_model: int = 128
+    heads: int = 4
+    kv_heads: int = 0  # grouped-query attention: heads sharing keys/values (0: as many as heads)
+    layers: int = 2
+    d_ff: int = 512
+    max_seq_len: int = 1024
+    seed: int = 0
+    dtype: str = "float32"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DecoderConfig:
+        known = cls.__dataclass_fields__
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ValueError(f"unknown decoder settings: {', '.join(sorted(unknown))}")
+        return cls(**{k: type(getattr(cls, k))(v) for k, v in values.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Block(nn.Module):
+    def __init__(self, c: DecoderConfig, kv_width: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c.d_model)
+        self.qkv = nn.Linear(c.d_model, c.d_model + 2 * kv_width)
+        self.out = nn.Linear(c.d_model, c.d_model)
+        self.ln2 = nn.LayerNorm(c.d_model)
+        self.up = nn.Linear(c.d_model, c.d_ff)
+        self.down = nn.Linear(c.d_ff, c.d_model)
+
+
+class TinyDecoder(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        if config.d_model % config.heads:
+            raise ValueError(f"d_model {config.d_model} is not a multiple of heads {config.heads}")
+        self.config = config
+        self.vocab_size, self.max_seq_len = config.vocab_size, config.max_seq_len
+        self.layers, self.heads = config.layers, config.heads
+        self.kv_heads = config.kv_heads or config.heads
+        if config.heads % self.kv_heads:
+            raise ValueError(f"heads {config.heads} is not a multiple of kv_heads {self.kv_heads}")
+        self.head_dim = config.d_model // config.heads
+        self.dtype = DTYPES[config.dtype]
+        self.device = torch.device("cpu")
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.max_seq_len, config.d_model)
+        self.blocks = nn.ModuleList(_Block(config, self.kv_heads * self.head_dim)
+                                    for _ in range(config.layers))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        # Not tied to the embedding: with random weights a tied head predicts the input token
+        # itself, and greedy decoding would repeat one token forever.
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._init_weights(config.seed)
+        self.to(self.dtype)
+        self.eval()
+
+    def _init_weights(self, seed: int) -> None:
+        """Deterministic random weights, scaled so the logits are spread (a sharp, varied
+        distribution makes greedy decoding meaningful to compare)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.dim() == 1:  # layer-norm gains
+                    p.fill_(1.0)
+                else:
+                    std = 1.0 if "embed" in name or name.startswith("pos") else p.shape[1] ** -0.5
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def to_device(self, device: torch.device | str) -> TinyDecoder:
+        self.device = torch.device(device)
+        return self.to(self.device)
+
+    # --- the paged path --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        """Logits [rows of batch.logits_index, vocab] for one flat iteration batch."""
+        x = self.embed(batch.input_ids) + self.pos(batch.positions)
+        t = x.shape[0]
+        for i, blk in enumerate(self.blocks):
+            q, k, v = self._qkv(blk, x)
+            keys, values = cache.keys[i], cache.values[i]
+            keys.index_copy_(0, batch.slots, k)
+            values.index_copy_(0, batch.slots, v)
+            attn = torch.empty_like(q)
+            if batch.num_decode:
+                attn[:batch.num_decode] = self._decode_attention(q[:batch.num_decode], keys, values, batch)
+            for c in batch.contexts:
+                qc = q[c.start:c.start + c.length].transpose(0, 1)  # [H, n, D]
+                kc = keys.index_select(0, c.kv_slots).transpose(0, 1)
+                vc = values.index_select(0, c.kv_slots).transpose(0, 1)
+                if c.mask is None:
+                    o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+                else:
+                    o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)
+                attn[c.start:c.start + c.length] = o.transpose(0, 1)
+            x = x + blk.out(attn.reshape(t, -1))
+            x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
+        x = self.ln_f(x[batch.logits_index])
+        return self.head(x)
+
+    def _qkv(self, blk: _Block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, kv = x.shape[0], self.kv_heads * self.head_dim
+        q, k, v = blk.qkv(blk.ln1(x)).split([self.heads * self.head_dim, kv, kv], dim=-1)
+        return (q.view(t, self.heads, self.head_dim), k.view(t, self.kv_heads, self.head_dim),
+                v.view(t, self.kv_heads, self.head_dim))
+
+    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          batch: StepBatch) -> torch.Tensor:
+        """Attention of one query per request over that request's keys, all requests at once.
+
+        The requests' blocks are gathered whole ([B, tokens_per_block, KV heads, D]); slots past a
+        request's last token (in its last block only) are masked. Softmax runs per request across
+        its blocks: per-block maxima and sums, combined per request with scatter / index_add, so no
+        request is padded to the longest one. The G query heads sharing a KV head are one small
+        matrix product per block."""
+        n, heads, dim = q.shape
+        kvh, bs = self.kv_heads, batch.tokens_per_block
+        group = heads // kvh
+        seg = batch.decode_block_segment
+        kb = keys.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+        vb = values.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+        qb = q.view(n, kvh, group, dim).index_select(0, seg)  # [B, KVH, G, D]
+        scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
+        scores.masked_fill_(batch.decode_block_empty[:, None, None, :], -math.inf)
+        peak = torch.full((n, kvh, group), -math.inf, dtype=scores.dtype, device=q.device)
+        peak.scatter_reduce_(0, seg[:, None, None].expand(-1, kvh, group), scores.amax(-1),
+                             reduce="amax")
+        weights = torch.exp(scores - peak.index_select(0, seg)[..., None])
+        total = torch.zeros((n, kvh, group), dtype=scores.dtype, device=q.device).index_add_(
+            0, seg, weights.sum(-1))
+        out = torch.matmul(weights, vb)  # [B, KVH, G, D]
+        out = torch.zeros((n, kvh, group, dim), dtype=q.dtype, device=q.device).index_add_(0, seg, out)
+        return (out / total[..., None]).view(n, heads, dim)
+
+    # --- the reference path ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def reference_logits(self, tokens: list[int]) -> torch.Tensor:
+        """Logits [len(tokens), vocab] by plain causal attention over the whole sequence."""
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        x = self.embed(ids) + self.pos(torch.arange(len(tokens), device=self.device))
+        t = x.shape[0]
+        for blk in self.blocks:
+            q, k, v = (a.transpose(0, 1) for a in self._qkv(blk, x))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + blk.out(o.transpose(0, 1).reshape(t, -1))
+            x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
+        return self.head(self.ln_f(x))

@@ -1,0 +1,149 @@
+"""One iteration's batch, packed flat: the tokens of every scheduled request side by side.
+
+There is no padding: a request in generation contributes one token, a request in context the
+tokens of its chunk. The first `num_decode` tokens are the generation requests' (one each); the
+context chunks follow. For attention each token needs the cache slots of its own request's
+tokens up to itself. Decode tokens read whole blocks: `decode_blocks` lists the blocks of
+every decode token's request, `decode_block_segment` which decode token each belongs to, and
+`decode_block_empty` which of its slots hold no token yet (only in a request's last
+block). Context chunks list their slots (`contexts`).
+"""
+
+from __future__ import annotations
+
+import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from host.inflight.request import Sequence
+
+
+@dataclass
+class ContextChunk:
+    start: int  # first row of the chunk in the flat batch
+    length: int  # its tokens
+    offset: int  # tokens of the request already in the cache before this chunk
+    kv_slots: "torch.Tensor"  # slots of the request's tokens 0 .. offset+length-1
+    mask: "torch.Tensor | None"  # [length, offset+length] bool; None: plain causal (offset 0)
+
+
+@dataclass
+class StepBatch:
+    input_ids: "torch.Tensor"  # [T] int64
+    positions: "torch.Tensor"  # [T] int64
+    slots: "torch.Tensor"  # [T] int64: where each token's key/value goes
+    tokens_per_block: int
+    num_decode: int
+    decode_blocks: "torch.Tensor"  # [B] int64 block ids
+    decode_block_segment: "torch.Tensor"  # [B] int64 in 0..num_decode-1
+    decode_block_empty: "torch.Tensor"  # [B, tokens_per_block] bool: slots past the last token
+    contexts: list[ContextChunk]
+    logits_index: "torch.Tensor"  # [R] rows whose logits the step needs
+    # per scheduled sequence: (first logits row, number of logits rows) in the model's output
+    logits_rows: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: "torch.device") -> StepBatch:
+        """The same batch with its tensors on `device` (built on the CPU, run where the model is)."""
+        moved = {name: getattr(self, name).to(device, non_blocking=True)
+                 for name in ("input_ids", "positions", "slots", "decode_blocks",
+                              "decode_block_segment", "decode_block_empty", "logits_index")}
+        contexts = [ContextChunk(c.start, c.length, c.offset, c.kv_slots.to(device),
+                                 None if c.mask is None else c.mask.to(device)) for c in self.contexts]
+        return StepBatch(tokens_per_block=self.tokens_per_block, num_decode=self.num_decode,
+                         contexts=contexts, logits_rows=self.logits_rows, **moved)
+
+
+def _slot_table(seq: Sequence, tokens_per_block: int) -> "torch.Tensor":
+    """All slots of the sequence's blocks in order; cached until its block table changes."""
+    import torch
+
+    cached = seq.extra.get("slots")
+    if cached is None or seq.extra.get("slots_blocks") != len(seq.block_table):
+        blocks = torch.tensor(seq.block_table, dtype=torch.int64)
+        cached = (blocks[:, None] * tokens_per_block
+                  + torch.arange(tokens_per_block, dtype=torch.int64)).reshape(-1)
+        seq.extra["slots"], seq.extra["slots_blocks"] = cached, len(seq.block_table)
+    return cached
+
+
+def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
+               tokens_per_block: int) -> StepBatch:
+    """Pack one iteration: `decode` sequences compute their last token; each `(seq, n)` of
+    `context` computes its next `n` uncached tokens. Block tables must already cover them."""
+    import torch
+
+    ids: list[int] = []
+    pos: list[int] = []
+    slot_parts = []
+    dec_write: list[int] = []
+    dec_blocks: list[int] = []
+    dec_segment: list[int] = []
+    dec_fill: list[int] = []
+    logits_index: list[int] = []
+    logits_rows: list[tuple[int, int]] = []
+    for i, seq in enumerate(decode):
+        n = seq.num_cached
+        ids.append(seq.tokens[n])
+        pos.append(n)
+        dec_write.append(seq.block_table[n // tokens_per_block] * tokens_per_block
+                         + n % tokens_per_block)
+        blocks = -(-(n + 1) // tokens_per_block)
+        dec_blocks.extend(seq.block_table[:blocks])
+        dec_segment.extend([i] * blocks)
+        dec_fill.extend([tokens_per_block] * (blocks - 1))
+        dec_fill.append(n + 1 - (blocks - 1) * tokens_per_block)
+        logits_rows.append((len(logits_index), 1))
+        logits_index.append(i)
+    contexts = []
+    row = len(decode)
+    for seq, n in context:
+        start = seq.num_cached
+        ids.extend(seq.tokens[start:start + n])
+        pos.extend(range(start, start + n))
+        table = _slot_table(seq, tokens_per_block)
+        kv = table[:start + n]
+        slot_parts.append(kv[start:])
+        mask = None
+        if start:
+            q_pos = torch.arange(start, start + n)
+            mask = torch.arange(start + n)[None, :] <= q_pos[:, None]
+        contexts.append(ContextChunk(row, n, start, kv, mask))
+        done = start + n == len(seq.tokens)
+        if seq.request.return_context_logits and start < seq.prompt_len:
+            first = len(logits_index)  # every prompt row of the chunk (and the last, to sample)
+            logits_index.extend(range(row, row + n))
+            logits_rows.append((first, n))
+        elif done:
+            logits_rows.append((len(logits_index), 1))
+            logits_index.append(row + n - 1)
+        else:
+            logits_rows.append((len(logits_index), 0))
+        row += n
+    # one tensor for every integer list (a tensor per list costs more than the packing)
+    sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(dec_fill),
+             len(logits_index)]
+    flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
+        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index),
+        dtype=torch.int64)
+    input_ids, positions, writes, blocks, segment, fill, logits_at = torch.split(flat, sizes)
+    slots = torch.cat([writes] + slot_parts) if slot_parts else writes
+    return StepBatch(
+        input_ids=input_ids,
+        positions=positions,
+        slots=slots,
+        tokens_per_block=tokens_per_block,
+        num_decode=len(decode),
+        decode_blocks=blocks,
+        decode_block_segment=segment,
+        decode_block_empty=torch.arange(tokens_per_block) >= fill[:, None],
+        contexts=contexts,
+        logits_index=logits_at,
+        logits_rows=logits_rows,
+    )
