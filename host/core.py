@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from host import __version__, datatypes, parameters, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
-from host.cache.service import CacheService, load_response_cache
+from host.cache.service import CacheService, Probe, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError)
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
@@ -250,13 +250,7 @@ class Host:
         (cache insert, names, output filter, stats). Returns the cached response on a hit: the
         caller sends it through `request.respond` instead of scheduling the request."""
         mv.begin_request()
-        # --- response cache: the one place the request path touches it (host.cache.service)
-        probe = self.cache.probe(mv, request) if self.cache is not None else None
-        if probe is not None and probe.hit is not None:
-            hit, probe = probe.hit, None
-        else:
-            hit = None
-        # ---
+        probe: Probe | None = None  # the response-cache lookup, made below (host.cache.service)
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
@@ -297,7 +291,14 @@ class Host:
 
         request.callback = on_response
         request.enqueue_ns = time.perf_counter_ns()
-        return hit
+        # --- response cache: the one place the request path touches it; after the request's
+        # start time, so that its duration includes the lookup (as Triton's does).
+        if self.cache is not None:
+            probe = self.cache.probe(mv, request)
+            if probe is not None and probe.hit is not None:
+                hit, probe = probe.hit, None
+                return hit
+        return None
 
     @staticmethod
     def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:

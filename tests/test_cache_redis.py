@@ -7,6 +7,8 @@ redis-server is installed by the project's CI set-up (.ci/run); without it these
 from __future__ import annotations
 
 import pickle
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -15,7 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from cache_models import write_repository
-from host.testing import ServerProcess, ServerStartError, serve, wait_until
+from host.testing import ServerProcess, ServerStartError, free_port, serve, wait_until
 
 pytest.importorskip("modelhost_redis_cache", reason="the redis cache plugin is not installed")
 from modelhost_redis_cache.testing import RedisServer, redis_server_binary  # noqa: E402
@@ -162,3 +164,55 @@ def test_bad_redis_settings_fail_at_start(repository, setting, message):
     with pytest.raises(ServerStartError) as info:
         ServerProcess(repository, "--cache-config", f"redis,{setting}").start(timeout=60, attempts=1)
     assert message in str(info.value)
+
+
+def test_password_and_db_settings(repository):
+    with RedisServer(None, "--requirepass", "s3cret") as redis:
+        with serve(repository, *redis.cache_args(password="s3cret", db="3")) as server:
+            infer(server, DATA)
+            infer(server, DATA)
+            assert stats(server) == (1, 1, 1)
+        import redis as redis_py
+
+        client = redis_py.Redis(host="127.0.0.1", port=redis.port, password="s3cret", db=3)
+        assert len(client.keys("modelhost:*")) == 1
+        with serve(repository, *redis.cache_args(password="wrong")) as server:
+            np.testing.assert_array_equal(infer(server, DATA), DATA * 2)  # uncached, not failed
+            assert stats(server) == (0, 1, 1)
+            log = server.log_text()
+        assert log.count("is unreachable") == 1
+
+
+def _certificates(directory: Path) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+        "-subj", "/CN=modelhost-test-ca")
+    (directory / "san").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "1", "-extfile", "san")
+    return {n: str(directory / n) for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_tls_with_client_certificate(repository, tmp_path):
+    certs = _certificates(tmp_path)
+    tls_port = free_port()
+    with RedisServer(None, "--tls-port", str(tls_port), "--tls-cert-file", certs["server.crt"],
+                     "--tls-key-file", certs["server.key"], "--tls-ca-cert-file", certs["ca.crt"],
+                     "--tls-auth-clients", "yes") as redis:
+        args = ["--cache-config", "redis,host=127.0.0.1", "--cache-config", f"redis,port={tls_port}",
+                "--cache-config", "redis,tls_enabled=true", "--cache-config", f"redis,cacert={certs['ca.crt']}",
+                "--cache-config", f"redis,cert={certs['client.crt']}",
+                "--cache-config", f"redis,key={certs['client.key']}"]
+        with serve(repository, *args) as server:
+            infer(server, DATA)
+            np.testing.assert_array_equal(infer(server, DATA), DATA * 2)
+            assert stats(server) == (1, 1, 1)
+            assert "is unreachable" not in server.log_text()
+        assert len(redis.client().keys("modelhost:*")) == 1  # the plain port sees what TLS stored

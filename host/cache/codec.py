@@ -47,16 +47,31 @@ class CorruptEntryError(InternalError):
 
 
 def encode_tensor(tensor: Tensor) -> bytes:
-    data = datatypes.array_to_bytes(tensor.datatype, tensor.data)
+    data = tensor.data
+    if tensor.datatype == "BYTES":
+        data = datatypes.serialize_bytes(np.asarray(data).reshape(-1))
+        size = len(data)
+    else:
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        size = data.nbytes  # joined below straight from the array's memory: one copy in all
     name = tensor.name.encode("utf-8")
     shape = tensor.shape
     return b"".join((
-        _HEADER.pack(MAGIC, _CODE[tensor.datatype], len(shape), len(name), len(data)),
+        _HEADER.pack(MAGIC, _CODE[tensor.datatype], len(shape), len(name), size),
         struct.pack(f"<{len(shape)}q", *shape), name, data))
 
 
-def encode_entry(outputs: Sequence[Tensor]) -> list[bytes]:
-    return [encode_tensor(t) for t in outputs]
+def encode_entry(outputs: Sequence[Tensor]) -> list[bytes] | None:
+    """The buffers of a response's outputs; None when one is not a numpy array in host memory
+    (only such responses are cached)."""
+    entry = []
+    for t in outputs:
+        if type(t.data) is not np.ndarray or (
+                t.parameters and t.parameters.get(DEVICE_PARAMETER, "cpu") != "cpu"):
+            return None
+        entry.append(encode_tensor(t))
+    return entry
 
 
 def decode_tensor(buf: Buffer) -> Tensor:
@@ -108,7 +123,3 @@ def decode_entry(entry: Sequence[Buffer]) -> list[Tensor]:
         raise CorruptEntryError("cached entry names an output twice")
     return outputs
 
-
-def is_cpu_array(tensor: Tensor) -> bool:
-    """Only outputs that are numpy arrays in host memory are stored."""
-    return isinstance(tensor.data, np.ndarray) and tensor.parameters.get(DEVICE_PARAMETER, "cpu") == "cpu"

@@ -22,7 +22,6 @@ import hashlib
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy as np
 import orjson
 
 from host import datatypes

@@ -27,7 +27,7 @@ MIN_SIZE = 1024  # as Triton's local cache: smaller sizes cannot hold a useful e
 
 def entry_cost(entry: Entry) -> int:
     """What one entry counts against `size`."""
-    return ENTRY_OVERHEAD + sum(BUFFER_OVERHEAD + len(b) for b in entry)
+    return ENTRY_OVERHEAD + BUFFER_OVERHEAD * len(entry) + sum(map(len, entry))
 
 
 class LocalCache:
@@ -67,7 +67,7 @@ class LocalCache:
             return found[0]
 
     def insert(self, key: bytes, entry: Entry) -> None:
-        buffers = tuple(b if type(b) is bytes else bytes(b) for b in entry)
+        buffers = tuple(map(bytes, entry))  # bytes(b) is b itself for bytes: no copy
         cost = entry_cost(buffers)
         if cost > self.size:
             if not self._warned_too_large:

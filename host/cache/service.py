@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,19 @@ class CacheService:
     def __init__(self, name: str, cache: ResponseCache) -> None:
         self.name, self.cache = name, cache
         self._errors = RateLimitedLog(f"response cache '{name}'")
+        # Per loaded model version, read once from its config: does it cache, and its outputs.
+        self._models: weakref.WeakKeyDictionary[ModelVersion, frozenset[str] | None] = (
+            weakref.WeakKeyDictionary())
+
+    def _outputs_if_enabled(self, mv: ModelVersion) -> frozenset[str] | None:
+        """The model's output names when it enables the cache, else None."""
+        try:
+            return self._models[mv]
+        except KeyError:
+            plan = (frozenset(o.name for o in mv.config.output)
+                    if mv.config.response_cache.enable else None)
+            self._models[mv] = plan
+            return plan
 
     def close(self) -> None:
         try:
@@ -82,7 +96,8 @@ class CacheService:
 
     def probe(self, mv: ModelVersion, request: InferenceRequest) -> Probe | None:
         """Look `request` up if its model and its inputs allow caching; None when they do not."""
-        if not mv.config.response_cache.enable or not cacheable_request(request):
+        all_outputs = self._outputs_if_enabled(mv)
+        if all_outputs is None or not cacheable_request(request):
             return None
         start = time.perf_counter_ns()
         key = request_key(mv.name, mv.version, request)
@@ -95,8 +110,8 @@ class CacheService:
                 # an entry may lack one asked for now: that is a miss, and the new response
                 # replaces the entry.
                 have = {t.name for t in outputs}
-                wanted = request.outputs or mv.config.output
-                if all(o.name in have for o in wanted):
+                if (all(o.name in have for o in request.outputs) if request.outputs
+                        else all_outputs <= have):
                     hit = InferenceResponse(outputs=outputs)
         except codec.CorruptEntryError as exc:
             self._errors.error("rejected a malformed cached entry (treated as a miss): %s", exc)
@@ -109,11 +124,10 @@ class CacheService:
         return Probe(self, mv, key, hit, elapsed)
 
     def store(self, key: bytes, response: InferenceResponse) -> None:
-        outputs = response.outputs
-        if not all(codec.is_cpu_array(t) for t in outputs):
-            return
         try:
-            self.cache.insert(key, codec.encode_entry(outputs))
+            entry = codec.encode_entry(response.outputs)
+            if entry is not None:
+                self.cache.insert(key, entry)
         except Exception as exc:
             self._errors.error("insert failed (response not cached): %s: %s", type(exc).__name__, exc)
 

@@ -45,7 +45,7 @@ class RedisServer:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
                 sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, maybe with a password
         except OSError:
             return False
 
