@@ -31,7 +31,6 @@ modelhost-redis-cache plugin installed in the interpreter that runs modelhost.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as _dt
 import http.client
 import json
@@ -142,28 +141,12 @@ def run_pa(server: pvt.Server, model: str, conc: int, inputs: str | None, resdir
 
 
 def _run_pa(server: pvt.Server, model: str, conc: int, inputs: str | None, resdir: str, tag: str) -> dict:
-    csvpath = os.path.join(resdir, f"{tag}.c{conc}.csv")
-    logpath = os.path.join(resdir, f"{tag}.c{conc}.log")
     data = ["--input-data", inputs] if inputs else ["--shape", f"INPUT0:{ELEMENTS}"]
-    argv = [os.path.join(pvt.ROOT, "pa", "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{server.http_port}",
-            "-i", "http", "--concurrency-range", f"{conc}:{conc}", *data, *PA_FLAGS, "-f", csvpath]
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(pvt.site_packages(), "nvidia", "cuda_runtime", "lib"))
-    row = {"tag": tag, "concurrency": conc, "ok": False, "infer_s": None, "p50_ms": None, "p99_ms": None,
-           "error": ""}
-    with open(logpath, "w") as out:
-        try:
-            rc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=pvt.PA_TIMEOUT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    try:
-        with open(csvpath) as f:
-            r = next(csv.DictReader(f))
-        row.update(ok=True, infer_s=float(r["Inferences/Second"]), p50_ms=int(r["p50 latency"]) / 1000,
-                   p99_ms=int(r["p99 latency"]) / 1000)
-    except Exception:
-        with open(logpath, errors="replace") as f:
-            row["error"] = f"rc={rc}: " + " | ".join(ln.strip() for ln in f.read().splitlines()[-3:])
+    row = {"tag": tag, "concurrency": conc}
+    row.update(pvt.perf_analyzer(
+        model, f"127.0.0.1:{server.http_port}", "http",
+        ["--concurrency-range", f"{conc}:{conc}", *data, *PA_FLAGS],
+        os.path.join(resdir, f"{tag}.c{conc}.csv"), os.path.join(resdir, f"{tag}.c{conc}.log")))
     return row
 
 

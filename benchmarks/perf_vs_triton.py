@@ -242,21 +242,19 @@ def modelhost_server(repo: str, logdir: str, python: str) -> Server:
 MODES = {"http": ("http", []), "grpc": ("grpc", []), "grpc-stream": ("grpc", ["--streaming"])}
 
 
-def run_pa(server: Server, protocol: str, conc: int, resdir: str, tag: str) -> dict:
-    pa_protocol, extra = MODES[protocol]
-    url = f"127.0.0.1:{server.http_port if pa_protocol == 'http' else server.grpc_port}"
-    csvpath = os.path.join(resdir, f"{tag}.c{conc}.csv")
-    logpath = os.path.join(resdir, f"{tag}.c{conc}.log")
-    argv = [os.path.join(ROOT, "pa", "perf_analyzer"), "-m", MODEL, "-u", url, "-i", pa_protocol, *extra,
-            "--concurrency-range", f"{conc}:{conc}", *PA_FLAGS, "-f", csvpath]
+def perf_analyzer(model: str, url: str, protocol: str, flags: list[str], csvpath: str, logpath: str,
+                  timeout: float = PA_TIMEOUT) -> dict:
+    """One perf_analyzer run: {ok, infer_s, p50_ms, p99_ms, error, seconds} from its CSV, or the
+    reason from its log when it wrote none. The benchmarks in this folder all measure through it."""
+    argv = [os.path.join(ROOT, "pa", "perf_analyzer"), "-m", model, "-u", url, "-i", protocol, *flags,
+            "-f", csvpath]
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(site_packages(), "nvidia", "cuda_runtime", "lib"))
-    row = {"server": server.name, "protocol": protocol, "concurrency": conc, "ok": False, "error": "",
-           "infer_s": None, "p50_ms": None, "p99_ms": None}
+    row = {"ok": False, "error": "", "infer_s": None, "p50_ms": None, "p99_ms": None}
     t0 = time.monotonic()
     with open(logpath, "w") as out:
         try:
             rc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=PA_TIMEOUT).returncode
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     row["seconds"] = round(time.monotonic() - t0, 1)
@@ -269,6 +267,17 @@ def run_pa(server: Server, protocol: str, conc: int, resdir: str, tag: str) -> d
         with open(logpath, errors="replace") as f:
             tail = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-3:]
         row["error"] = f"rc={rc}: " + (" | ".join(tail) or repr(e))
+    return row
+
+
+def run_pa(server: Server, protocol: str, conc: int, resdir: str, tag: str) -> dict:
+    pa_protocol, extra = MODES[protocol]
+    url = f"127.0.0.1:{server.http_port if pa_protocol == 'http' else server.grpc_port}"
+    row = {"server": server.name, "protocol": protocol, "concurrency": conc}
+    row.update(perf_analyzer(MODEL, url, pa_protocol,
+                             [*extra, "--concurrency-range", f"{conc}:{conc}", *PA_FLAGS],
+                             os.path.join(resdir, f"{tag}.c{conc}.csv"),
+                             os.path.join(resdir, f"{tag}.c{conc}.log")))
     return row
 
 

@@ -18,11 +18,9 @@ Prints a table and writes docs/shm_benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as _dt
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,27 +58,11 @@ def run_pa(server: pvt.Server, mode: str, size: str, resdir: str) -> dict:
     nbytes = SIZES[size]
     url = f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}"
     tag = f"{server.name}.{mode}.{size}"
-    csvpath, logpath = os.path.join(resdir, tag + ".csv"), os.path.join(resdir, tag + ".log")
-    argv = [os.path.join(pvt.ROOT, "pa", "perf_analyzer"), "-m", pvt.MODEL, "-u", url, "-i", protocol,
-            "--shape", f"INPUT0:{nbytes // 4}", "--concurrency-range", "1:1", *flags(nbytes),
-            *PA_FLAGS, "-f", csvpath]
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(pvt.site_packages(), "nvidia", "cuda_runtime", "lib"))
-    row = {"server": server.name, "mode": mode, "size": size, "ok": False, "error": ""}
-    with open(logpath, "w") as out:
-        try:
-            rc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, timeout=PA_TIMEOUT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    try:
-        with open(csvpath) as f:
-            r = next(csv.DictReader(f))
-        row.update(ok=True, infer_s=float(r["Inferences/Second"]), p50_ms=int(r["p50 latency"]) / 1000,
-                   p99_ms=int(r["p99 latency"]) / 1000)
-    except Exception as exc:  # noqa: BLE001 - no CSV: keep perf_analyzer's reason
-        with open(logpath, errors="replace") as f:
-            tail = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-2:]
-        row["error"] = f"rc={rc}: " + (" | ".join(tail) or repr(exc))
+    row = {"server": server.name, "mode": mode, "size": size}
+    row.update(pvt.perf_analyzer(
+        pvt.MODEL, url, protocol,
+        ["--shape", f"INPUT0:{nbytes // 4}", "--concurrency-range", "1:1", *flags(nbytes), *PA_FLAGS],
+        os.path.join(resdir, tag + ".csv"), os.path.join(resdir, tag + ".log"), timeout=PA_TIMEOUT))
     return row
 
 
