@@ -153,30 +153,16 @@ class Host:
     def infer(self, request: InferenceRequest, timeout: float | None = None,
               endpoint: str = "HTTP end point") -> InferenceResponse:
         """Unary inference; a response that carries an error is raised as that error."""
-        mv = self.manager.get(request.model_name, request.model_version)
-        if mv.decoupled:
-            raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
-        got: list[InferenceResponse] = []
         finished: queue.SimpleQueue = queue.SimpleQueue()  # C-level, cheap to make per request
-
-        def collect(response: InferenceResponse | None, final: bool) -> None:
-            if response is not None:
-                got.append(response)
-            if final:
-                finished.put(True)
-
-        self._submit(mv, request, collect)
+        self.infer_async(request, finished.put, endpoint)
         try:
-            finished.get(timeout=timeout)  # the direct scheduler has usually finished already
+            result = finished.get(timeout=timeout)  # the direct scheduler has usually finished already
         except queue.Empty:
             request.cancel()
             raise UnavailableError("inference request timed out") from None
-        if not got:
-            raise InternalError(f"model '{mv.name}' sent no response for the request")
-        response = got[-1]
-        if response.error is not None:
-            raise response.error
-        return response
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def infer_async(self, request: InferenceRequest,
                     done: Callable[[InferenceResponse | HostError], None],
