@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from host import __version__
+from host import __version__, logs, settings
 from host.options import CONTROL_MODES, ServerOptions
 
 
@@ -23,7 +24,8 @@ def _bool(text: str) -> bool:
 
 def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool = False) -> None:
     """A Triton-style boolean: `--name`, `--name=true` or `--name=false`."""
-    parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help)
+    parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help,
+                        metavar="true|false")
 
 
 def _cache_setting(text: str) -> tuple[str, str, str]:
@@ -51,15 +53,53 @@ def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) ->
     return config
 
 
+SETTINGS_EPILOG = """\
+Every flag can also come from the environment or from a config file: --http-port is
+MODELHOST_HTTP_PORT=8000, or `http-port = 8000` in a TOML file (`http-port: 8000` in YAML) named by
+--config-file or MODELHOST_CONFIG_FILE. A flag wins over the environment, which wins over the file,
+which wins over the default. A repeatable flag takes its values from one source: in a variable,
+separate them with ';' (MODELHOST_CACHE_CONFIG="redis,host=r;redis,port=6379"); in a file, use a list.
+"""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default (argparse's own formatter skips flags without help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or action.default is argparse.SUPPRESS \
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            return text
+        default = action.default
+        if default is None or default == [] or default == "":
+            shown = "none"
+        elif isinstance(default, bool):
+            shown = "true" if default else "false"
+        else:
+            shown = str(default).replace("%", "%%")
+        return f"{text} (default: {shown})"
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC",
-                       description="Serve Triton model repositories (KServe V2 / Triton protocol).")
+                       description="Serve Triton model repositories (KServe V2 / Triton protocol).",
+                       formatter_class=_HelpFormatter, epilog=SETTINGS_EPILOG)
+    # Settings sources and log format (host.settings, host.logs): every flag below also has a
+    # config-file key and a MODELHOST_* variable, derived from its name.
+    p.add_argument(settings.CONFIG_FLAG, metavar="FILE", default=None,
+                   help="read settings from a TOML or YAML file (also MODELHOST_CONFIG_FILE)")
+    p.add_argument("--log-format", choices=logs.FORMATS, default="default",
+                   help="default: text lines; ISO8601: text lines with ISO 8601 times; json: one "
+                        "JSON object per line (with request ids at --log-verbose 1)")
     p.add_argument("--model-repository", "--model-store", action="append", type=Path, dest="repos",
                    metavar="DIR", help="model repository root (repeatable; default ./model_repository)")
-    p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none")
+    p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none",
+                   help="none: load every model at start; explicit: load what --load-model and the "
+                        "repository API ask for; poll: also follow changes of the repository")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="model to load at start in explicit mode (repeatable; '*' loads all)")
-    p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECS")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECS",
+                   help="how often poll mode rescans the repository")
     p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
     _flag(p, "--exit-on-error", "exit if any model fails to load at start")
@@ -67,27 +107,32 @@ def _serve_parser(sub) -> None:
     _flag(p, "--strict-readiness", "accepted for compatibility", default=True)
     p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
                    help="do not load the plugin NAME (repeatable; also MODELHOST_BLOCK_PLUGINS=a,b)")
-    p.add_argument("--http-address", default="0.0.0.0")
-    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-address", default="0.0.0.0", help="address the HTTP server listens on")
+    p.add_argument("--http-port", type=int, default=8000, help="port of the HTTP/REST server")
     p.add_argument("--http-thread-count", type=int, default=16,
                    help="accepted for compatibility: each HTTP connection is served by its own thread")
-    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES")
-    p.add_argument("--grpc-address", default="0.0.0.0")
-    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+                   help="largest HTTP request body accepted")
+    p.add_argument("--grpc-address", default="0.0.0.0", help="address the gRPC server listens on")
+    p.add_argument("--grpc-port", type=int, default=8001, help="port of the gRPC server")
     p.add_argument("--grpc-infer-response-compression-level", default="none",
                    choices=("none", "low", "medium", "high"),
                    help="compress gRPC responses (requests are accepted gzip/deflate-compressed)")
-    p.add_argument("--metrics-address", default="0.0.0.0")
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--metrics-address", default="0.0.0.0",
+                   help="address the Prometheus metrics server listens on")
+    p.add_argument("--metrics-port", type=int, default=8002, help="port of the metrics server")
     _flag(p, "--allow-http", "accepted for compatibility: HTTP is always served", default=True)
     _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
     _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
           "for tensors", default=False)
-    p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
+    p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
+                   help="1 or more: debug logs, with a line per HTTP request and gRPC call")
     _flag(p, "--log-info", "log informational messages", default=True)
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument("--model-load-thread-count", type=int, default=4)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0, metavar="SECS",
+                   help="on SIGTERM/SIGINT, how long in-flight requests may take to finish")
+    p.add_argument("--model-load-thread-count", type=int, default=4,
+                   help="accepted for compatibility: models load one after the other")
     p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
                    metavar="NAME,KEY=VALUE",
                    help="enable the response cache NAME with a setting (repeatable), e.g. "
@@ -126,6 +171,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_load_thread_count=args.model_load_thread_count,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         cache_directory=args.cache_directory,
+        log_format=args.log_format,
     )
 
 
@@ -147,19 +193,45 @@ def _plugins_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelhost", description=__doc__)
     parser.add_argument("--version", action="version", version=f"modelhost {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     pp = sub.add_parser("plugins", help="list the plugins found, with versions and what they provide")
     pp.add_argument("--block-plugin", action="append", default=[], metavar="NAME")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_serve_args(parser: argparse.ArgumentParser, argv: Sequence[str],
+                     environ: dict[str, str] | os._Environ[str] = os.environ) -> argparse.Namespace:
+    """`serve`'s settings from its flags, MODELHOST_* variables and the config file (host.settings).
+
+    Parsed by `serve`'s own parser, so a typo shows `serve`'s usage, not the top level's.
+    """
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    known, _ = serve.parse_known_args(list(argv))
+    config_file = known.config_file or environ.get("MODELHOST_CONFIG_FILE") or None
+    try:
+        tokens = settings.resolve(serve, argv, environ, config_file)
+    except settings.SettingsError as exc:
+        print(f"modelhost serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    args = serve.parse_args(tokens)
+    args.command = "serve"
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] == "serve":
+        args = parse_serve_args(parser, argv[1:])
+    else:
+        args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins_command(args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.log_verbose else (logging.INFO if args.log_info else logging.WARNING),
-        format="%(asctime)s %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
+    logs.configure(args.log_format, args.log_verbose, args.log_info)
     from host.serve import serve
 
     return serve(options_from_args(args))

@@ -38,3 +38,4 @@ class ServerOptions:
     # caches (<dir>/<name>/libtritoncache_<name>.so) are searched.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     cache_directory: Path | None = None
+    log_format: str = "default"  # default | ISO8601 | json (host.logs)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
+import sys
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
+from host import logs, startup
 from host.options import ServerOptions
 
 log = logging.getLogger(__name__)
@@ -25,6 +28,22 @@ class _GracefulArbiter(Arbiter):
 
     def handle_int(self) -> None:
         self.handle_term()
+
+    def halt(self, reason: str | None = None, exit_status: int = 0) -> None:
+        # A worker that failed to boot has already said why in one line (host.startup): stop
+        # without gunicorn's "Shutting down / Reason: Worker failed to boot" and exit 1.
+        if exit_status == self.WORKER_BOOT_ERROR:
+            self.stop()
+            sys.exit(1)
+        super().halt(reason, exit_status)
+
+
+class _QuietBootError(logging.Filter):
+    """Drops gunicorn's "Worker exited with code 3": the worker's own line said why."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "Worker (pid:%s) exited with code %s."
+                    and record.args and record.args[-1] == Arbiter.WORKER_BOOT_ERROR)
 
 
 class ServerApplication(BaseApplication):
@@ -46,7 +65,10 @@ class ServerApplication(BaseApplication):
             "graceful_timeout": int(o.exit_timeout_secs),
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
             "accesslog": None,
-            "loglevel": "debug" if o.log_verbose else "info",
+            # gunicorn's own start-up lines ("Listening at", "Booting worker") only when verbose:
+            # the server logs its endpoints itself once ready (host.startup.log_summary).
+            "loglevel": "debug" if o.log_verbose else "warning",
+            "logger_class": logs.GunicornLogger,
             "post_worker_init": _graceful_worker_sigint,
             "worker_exit": self._worker_exit,
             "proc_name": "modelhost",
@@ -56,7 +78,18 @@ class ServerApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        # Runs in the worker process, after the fork.
+        # Runs in the worker process, after the fork. A failure is one line and gunicorn's
+        # boot-error exit status, which stops the server instead of restarting the worker.
+        try:
+            return self._load()
+        except BaseException as exc:  # noqa: BLE001 - every start-up failure ends the same way
+            log.debug("start-up failed", exc_info=True)
+            startup.log.error("%s", startup.explain(exc, self.options))
+            self._release_after_failure()
+            logs.flush()
+            os._exit(Arbiter.WORKER_BOOT_ERROR)
+
+    def _load(self):
         from host.core import Host
         from host.http.app import create_app
 
@@ -67,14 +100,25 @@ class ServerApplication(BaseApplication):
         if o.allow_grpc:
             from host.grpc.server import start_grpc_server
 
-            self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
-                                          compression_level=o.grpc_compression_level)
+            try:
+                self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
+                                              compression_level=o.grpc_compression_level)
+            except OSError as exc:
+                raise startup.StartupError(startup.port_error(
+                    "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None
             log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         if o.allow_metrics:
             from host.metrics import start_metrics_server
 
-            self.metrics = start_metrics_server(self.host, o.metrics_address, o.metrics_port)
+            try:
+                self.metrics = start_metrics_server(self.host, o.metrics_address, o.metrics_port)
+            except OSError as exc:
+                raise startup.StartupError(startup.port_error(
+                    "metrics", o.metrics_address, o.metrics_port, "--metrics-port", exc)) from None
             log.info("started metrics service at %s:%d", o.metrics_address, self.metrics.port)
+        startup.log_summary(self.host, startup.listening_rows(o, self.grpc, self.metrics))
+        if o.log_verbose:
+            app = logs.RequestLog(app)
         # What exists now (models, plugins) lives as long as the server: keep it out of the
         # collector's way, and let the young generation grow before collecting it, since a
         # request's own objects are freed by reference counting anyway.
@@ -82,6 +126,13 @@ class ServerApplication(BaseApplication):
         gc.freeze()
         gc.set_threshold(20_000, 50, 50)
         return app
+
+    def _release_after_failure(self) -> None:
+        for part in (self.grpc, self.metrics):
+            if part is not None:
+                part.stop(0) if part is self.grpc else part.stop()
+        if self.host is not None:
+            self.host.stop()
 
     def _worker_exit(self, server: Any, worker: Any) -> None:
         # The HTTP connections are drained by now; let gRPC calls in flight finish too.
@@ -107,5 +158,11 @@ def _bracket(address: str) -> str:
 
 
 def serve(options: ServerOptions) -> int:
+    try:
+        startup.preflight(options)
+    except startup.StartupError as exc:
+        startup.log.error("%s", exc)
+        return 1
+    logging.getLogger("gunicorn.error").addFilter(_QuietBootError())
     ServerApplication(options).run()
     return 0

@@ -40,11 +40,13 @@ from google.protobuf.message import DecodeError
 from grpc._cython import cygrpc
 
 from host.errors import HostError
+from host.logs import log_grpc_call
 from host.grpc.servicer import DEFERRED, Servicer
 from host.grpc.status import status_code
 from host.proto import grpc_service_pb2 as pb
 
 log = logging.getLogger("host.grpc")
+_REQUEST_LOG = logging.getLogger("host.request")
 
 SERVICE = "inference.GRPCInferenceService"
 DEFAULT_MAX_MESSAGE_BYTES = 2**31 - 1  # as Triton: INT32_MAX both ways
@@ -393,6 +395,8 @@ class GrpcServer:
         if not event.success:
             return
         path = event.call_details.method
+        if _REQUEST_LOG.isEnabledFor(logging.DEBUG):  # --log-verbose: a line per call (host.logs)
+            log_grpc_call(path.decode(errors="replace"), event.invocation_metadata, event.call.peer())
         entry = self._unary.get(path)
         if entry is not None:
             _UnaryCall(event.call, entry[0], entry[1])

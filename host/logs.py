@@ -1,0 +1,139 @@
+"""Logging for `modelhost serve`: text or JSON lines, request ids, request-level detail.
+
+- `configure()` sets the root logger once, in the gunicorn master; the worker inherits it, and
+  gunicorn's own messages go through it too (`GunicornLogger`), so a JSON log has no text lines.
+- JSON: one object per line: `time`, `level`, `logger`, `message`, `pid`, and `request_id` on
+  the lines of a request (a field of the record, set by `request_log`), `exc` with a traceback.
+- `--log-verbose 1` adds a line per HTTP request (`RequestLog`, a WSGI middleware) and per gRPC
+  call (host.grpc.server), each with its request id: the client's `X-Request-ID` header or gRPC
+  metadata `x-request-id` when given, else a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import uuid
+from typing import Any, Callable, Iterable
+
+from gunicorn import glogging
+
+FORMATS = ("default", "ISO8601", "json")
+_TEXT = "%(asctime)s %(levelname).1s %(name)s] %(message)s"
+_REQUEST_LOG = logging.getLogger("host.request")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+                    + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        for key in ("request_id", "method", "path", "status", "duration_ms", "peer"):
+            value = record.__dict__.get(key)
+            if value is not None:
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class _IsoFormatter(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + \
+            f".{int(record.msecs):03d}Z"
+
+
+def configure(log_format: str = "default", verbose: int = 0, info: bool = True) -> None:
+    """The root logger for the server: one stderr handler in `log_format`."""
+    if log_format == "json":
+        formatter: logging.Formatter = JsonFormatter()
+    elif log_format == "ISO8601":
+        formatter = _IsoFormatter(_TEXT)
+    else:
+        formatter = logging.Formatter(_TEXT)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else (logging.INFO if info else logging.WARNING))
+
+
+class GunicornLogger(glogging.Logger):
+    """gunicorn's messages through the root handler (so in the server's format), never its own."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for logger in (self.error_log, self.access_log):
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.propagate = True
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class RequestLog:
+    """WSGI middleware: one debug line per HTTP request, with its request id (--log-verbose 1).
+
+    The id is the client's X-Request-ID when it sent one, else a new one; it is echoed back in
+    the response's X-Request-ID header so the client can quote it.
+    """
+
+    def __init__(self, app: Callable) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped app's attributes (e.g. `.falcon`)
+        return getattr(self.app, name)
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        request_id = environ.get("HTTP_X_REQUEST_ID") or new_request_id()
+        started = time.perf_counter()
+        status_line = ["-"]
+
+        def _start(status: str, headers: list, exc_info: Any = None) -> Any:
+            status_line[0] = status.split(" ", 1)[0]
+            headers = [*headers, ("X-Request-ID", request_id)]
+            return start_response(status, headers, exc_info) if exc_info else \
+                start_response(status, headers)
+
+        try:
+            return self.app(environ, _start)
+        finally:
+            duration = (time.perf_counter() - started) * 1000
+            path = environ.get("PATH_INFO", "")
+            _REQUEST_LOG.debug(
+                "HTTP %s %s -> %s in %.2f ms (request id %s, peer %s)",
+                environ.get("REQUEST_METHOD"), path, status_line[0], duration, request_id,
+                environ.get("REMOTE_ADDR"),
+                extra={"request_id": request_id, "method": environ.get("REQUEST_METHOD"),
+                       "path": path, "status": status_line[0], "duration_ms": round(duration, 3),
+                       "peer": environ.get("REMOTE_ADDR")})
+
+
+def log_grpc_call(method: str, metadata: Any, peer: Any) -> None:
+    """One debug line for a gRPC call as it arrives (host.grpc.server calls it at --log-verbose)."""
+    request_id = None
+    for key, value in metadata or ():
+        if key == "x-request-id":
+            request_id = value.decode() if isinstance(value, bytes) else value
+    request_id = request_id or new_request_id()
+    peer_text = peer.decode() if isinstance(peer, bytes) else str(peer)
+    _REQUEST_LOG.debug("gRPC %s (request id %s, peer %s)", method, request_id, peer_text,
+                       extra={"request_id": request_id, "method": "gRPC", "path": method,
+                              "peer": peer_text})
+
+
+def flush() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()

@@ -1,0 +1,145 @@
+"""Start-up of `modelhost serve`: checks before the fork, one-line failures, the ready summary.
+
+A server that cannot start says why in one line, with the fix where there is one, and exits
+non-zero: no traceback (unless --log-verbose), no worker restarts. What can be checked cheaply
+before gunicorn forks its worker is checked in the master (`preflight`); what only the worker
+learns (a cache that cannot be built, a model failing with --exit-on-error, a port taken since)
+is turned into the same kind of line there (`explain`), and the worker exits with gunicorn's
+boot-error status, which stops the master instead of restarting the worker (host.serve).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from host.errors import HostError
+
+if TYPE_CHECKING:
+    from host.core import Host
+    from host.options import ServerOptions
+
+log = logging.getLogger("modelhost")
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is the one line the user reads."""
+
+
+# (name in messages, address field, port field, flag, enabled field or None)
+ENDPOINTS = (
+    ("HTTP", "http_address", "http_port", "--http-port", "allow_http"),
+    ("gRPC", "grpc_address", "grpc_port", "--grpc-port", "allow_grpc"),
+    ("metrics", "metrics_address", "metrics_port", "--metrics-port", "allow_metrics"),
+)
+
+
+def endpoints(options: ServerOptions) -> list[tuple[str, str, int, str]]:
+    """(name, address, port, flag) of every server this configuration starts."""
+    return [(name, getattr(options, addr), getattr(options, port), flag)
+            for name, addr, port, flag, enabled in ENDPOINTS
+            if getattr(options, enabled, True)]
+
+
+def preflight(options: ServerOptions) -> None:
+    """What the master can check before the fork; raises StartupError."""
+    for root in options.model_repositories:
+        path = Path(root)
+        if not path.exists():
+            raise StartupError(
+                f"model repository '{root}' does not exist: pass --model-repository DIR "
+                f"(or MODELHOST_MODEL_REPOSITORY) naming a folder of models")
+        if not path.is_dir():
+            raise StartupError(f"model repository '{root}' is not a folder: pass --model-repository DIR")
+    seen: dict[int, str] = {}
+    for name, address, port, flag in endpoints(options):
+        if port in seen and port != 0:
+            raise StartupError(f"the {name} and {seen[port]} servers are both given port {port}: "
+                               f"give each its own ({flag})")
+        seen[port] = name
+        check_port_free(name, address, port, flag)
+
+
+def check_port_free(name: str, address: str, port: int, flag: str) -> None:
+    """Bind the address and port the way the server will, and let go; StartupError when taken."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address.strip("[]"), port))
+    except OSError as exc:
+        raise StartupError(port_error(name, address, port, flag, exc)) from None
+
+
+def port_error(name: str, address: str, port: int, flag: str, exc: BaseException) -> str:
+    if getattr(exc, "errno", None) == errno.EADDRINUSE or "in use" in str(exc):
+        return (f"the {name} port {port} on {address} is taken: address already in use (another "
+                f"server listens there); stop it or pick another port with {flag}")
+    if getattr(exc, "errno", None) == errno.EACCES:
+        return (f"the {name} port {port} on {address} needs privileges (ports below 1024): "
+                f"pick a port above 1023 with {flag}")
+    if getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:
+        return (f"the {name} address {address} is not an address of this machine: fix "
+                f"{flag.replace('port', 'address')}")
+    return f"cannot listen for {name} on {address}:{port}: {exc}"
+
+
+def explain(exc: BaseException, options: ServerOptions) -> str:
+    """The one line for an exception raised while the worker starts."""
+    if isinstance(exc, StartupError):
+        return str(exc)
+    if isinstance(exc, HostError):
+        text = str(exc)
+        if "failed to load all models" in text:
+            return f"{text} (--exit-on-error is set: fix the model, or start without --exit-on-error)"
+        if "cache" in text.lower():
+            return f"bad response cache configuration: {text} (fix --cache-config)"
+        return text
+    return (f"unexpected {type(exc).__name__} during start-up: {exc} "
+            f"(run with --log-verbose 1 for the traceback)")
+
+
+# --- the summary once ready --------------------------------------------------------------------
+
+def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A text table as Triton prints them (+---+ borders)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def row(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([line, row(headers), line, *map(row, rows), line])
+
+
+def model_rows(host: Host) -> list[tuple[str, str, str, str]]:
+    return [(r.get("name", ""), r.get("version", "-"), r.get("state", "-"), r.get("reason", ""))
+            for r in host.manager.index()]
+
+
+def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
+    """Log every model (version, state, reason) and every endpoint with its address."""
+    rows = model_rows(host)
+    if not rows:
+        roots = ", ".join(str(r) for r in host.options.model_repositories)
+        log.warning("the model repository %s holds no models: a model is a folder with a "
+                    "config.pbtxt and version folders (1/, 2/, ...)%s", roots,
+                    " (explicit mode: load models with --load-model or the repository API)"
+                    if host.options.model_control_mode == "explicit" else "")
+    log.info("models:\n%s", table(("Model", "Version", "Status", "Reason"), rows) if rows else "  none")
+    log.info("endpoints:\n%s", table(("Endpoint", "Address"), listening))
+
+
+def listening_rows(options: ServerOptions, grpc: Any, metrics: Any) -> list[tuple[str, str]]:
+    rows = [("HTTP (KServe V2 / Triton REST)", f"{options.http_address}:{options.http_port}")]
+    if grpc is not None:
+        rows.append(("gRPC (inference.GRPCInferenceService)", f"{options.grpc_address}:{grpc.port}"))
+    if metrics is not None:
+        rows.append(("metrics (Prometheus, /metrics)", f"{options.metrics_address}:{metrics.port}"))
+    return rows
