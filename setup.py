@@ -3,11 +3,50 @@
 Everything else is declared in pyproject.toml. The bridge is a Python extension module that is
 also the library native Triton backends and caches link against: its soname is
 `libtritonserver.so`, the name Triton's own builds of backends record as a dependency.
+
+The bridge is optional: without a C compiler (or Python's headers) the build says so loudly and
+modelhost installs without it; everything but native Triton backends and caches works, and a
+model that needs one fails to load with the reason (host.native.bridge).
 """
 
+import sys
+
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+WARNING = """
+*******************************************************************************************
+modelhost: the native bridge (host/native) could not be compiled: {error}
+modelhost installs WITHOUT native Triton backend and cache support (libtriton_*.so); every
+plugin backend (python, onnxruntime, pytorch, ...) works. To have it, install a C compiler and
+Python's headers (Debian/Ubuntu: apt-get install gcc python3-dev), then reinstall modelhost.
+*******************************************************************************************
+"""
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing when the bridge cannot be compiled."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - no compiler, no headers, a compile error
+            self._skip(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            self._skip(exc)
+
+    def _skip(self, exc):
+        message = WARNING.format(error=str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
+        sys.stderr.write(message)
+        self.warn(message)
+
 
 setup(
+    cmdclass={"build_ext": OptionalBuildExt},
     ext_modules=[
         Extension(
             "host.native.libtritonserver",
@@ -21,6 +60,7 @@ setup(
                                 "-Wno-missing-field-initializers"],
             extra_link_args=["-Wl,-soname,libtritonserver.so"],
             libraries=["dl", "pthread"],
+            optional=True,
         )
     ]
 )

@@ -16,16 +16,10 @@ from typing import Callable
 
 from host.backend import Backend
 from host.errors import NotFoundError, UnsupportedError
+from host.plugins.hints import install_hint
 from host.plugins.registry import Registry
 
 log = logging.getLogger(__name__)
-
-# Backends of this project that are separate distributions, so that a model whose backend is
-# not installed fails with the command that installs it.
-PLUGIN_DISTRIBUTIONS: dict[str, str] = {
-    "onnxruntime": "modelhost-onnxruntime",
-    "pytorch": "modelhost-pytorch",
-}
 
 # Seam for native backends: given the library path and backend name, return a Backend.
 NativeLoader = Callable[[Path, str], Backend]
@@ -90,7 +84,7 @@ class BackendPool:
                         f"'{lib}', but native Triton backends are not supported by this build")
                 return self.native_loader(lib, name)
         known = ", ".join(sorted(self.registry.backends)) or "none"
-        hint = f" (pip install {PLUGIN_DISTRIBUTIONS[name]})" if name in PLUGIN_DISTRIBUTIONS else ""
+        hint = install_hint(name, self.registry)
         raise NotFoundError(
             f"no plugin provides backend '{name}'{hint}: installed backends are {known}, and no "
             f"native library libtriton_{name}.so was found")

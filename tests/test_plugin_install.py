@@ -1,6 +1,6 @@
 """Backends found only because their plugin distribution is installed.
 
-- blocking a plugin makes its models fail to load with a message naming the distribution to install;
+- blocking a plugin makes its models fail to load with a message saying it is blocked;
 - the example plugin package (plugins/modelhost-example-backend) works as a third-party plugin;
 - in a fresh virtual environment (no system site-packages) with modelhost installed from this
   checkout, models of a backend whose plugin is not installed fail with that message; installing
@@ -59,10 +59,12 @@ def test_blocked_backend_plugins_name_the_distribution_to_install(tmp_path):
     with serve(repo, "--block-plugin", "onnxruntime", "--block-plugin", "pytorch") as server:
         index = _index(server.url)
     assert index["an_onnx_model"]["state"] == "UNAVAILABLE"
-    assert ("no plugin provides backend 'onnxruntime' (pip install modelhost-onnxruntime)"
-            in index["an_onnx_model"]["reason"])
-    assert ("no plugin provides backend 'pytorch' (pip install modelhost-pytorch)"
-            in index["a_torch_model"]["reason"])
+    # installed but blocked: the hint says so, and names no install command
+    assert ("no plugin provides backend 'onnxruntime' (plugin 'onnxruntime' of modelhost-onnxruntime "
+            "is installed but blocked" in index["an_onnx_model"]["reason"])
+    assert ("no plugin provides backend 'pytorch' (plugin 'pytorch' of modelhost-pytorch "
+            "is installed but blocked" in index["a_torch_model"]["reason"])
+    assert "pip install" not in index["a_torch_model"]["reason"]
 
 
 def test_example_plugin_serves_its_models(tmp_path):
@@ -133,8 +135,10 @@ def test_fresh_environment_without_then_with_the_plugin(tmp_path):
 
     with _Serve(env_dir, repo, log) as server:
         index = _index(server.url)
-    assert ("no plugin provides backend 'onnxruntime' (pip install modelhost-onnxruntime)"
-            in index["an_onnx_model"]["reason"])
+    hint = "(install the plugin from a modelhost checkout: pip install ./plugins/modelhost-onnxruntime)"
+    assert hint in index["an_onnx_model"]["reason"]
+    # the hint's command works, from the checkout's root
+    assert (ROOT / "plugins" / "modelhost-onnxruntime" / "pyproject.toml").is_file()
     assert "no plugin provides backend 'example'" in index["scaled"]["reason"]
     assert index["scaled"]["state"] == "UNAVAILABLE"
 

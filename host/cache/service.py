@@ -28,6 +28,7 @@ from host.cache.key import cacheable_request, request_key
 from host.cache.native import load_native_cache
 from host.errors import InvalidArgumentError, NotFoundError
 from host.inference import InferenceResponse
+from host.plugins.hints import install_hint
 
 if TYPE_CHECKING:
     from host.inference import InferenceRequest
@@ -64,7 +65,7 @@ def load_response_cache(config: dict[str, dict[str, str]], directory: Path | Non
             known = ", ".join(sorted(registry.caches)) or "none"
             raise NotFoundError(
                 f"unable to find cache '{name}': no installed plugin provides it (installed "
-                f"caches: {known}) and {exc}") from None
+                f"caches: {known}) and {exc}{install_hint(name, registry)}") from None
         source = "native library"
     log.info("response cache '%s' (%s) enabled", name, source)
     return CacheService(name, cache)

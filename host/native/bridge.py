@@ -43,8 +43,9 @@ def lib() -> ModuleType:
     if spec is None or spec.origin is None:
         raise UnsupportedError(
             "native Triton backends and caches need modelhost's native bridge "
-            f"({MODULE}), which this installation lacks: reinstall modelhost from source with a "
-            "C compiler available")
+            f"({MODULE}), which this installation lacks: it was installed without a C compiler. "
+            "Install one with Python's headers (Debian/Ubuntu: apt-get install gcc python3-dev), "
+            "then reinstall modelhost")
     ctypes.CDLL(spec.origin, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     module = importlib.import_module(MODULE)
     enabled = tuple(int(log.isEnabledFor(level)) for level in _LEVELS)

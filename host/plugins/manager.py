@@ -77,6 +77,9 @@ def get_plugin_manager(blocked: Iterable[str] = (), extra: Iterable[object] = ()
             found.append(PluginInfo(name, name, status="loaded"))
     pm.check_pending()
     plugins = Plugins(pm, found)
+    plugins.registry.plugin_status = {
+        i.name: "blocked" if i.status == "blocked" else f"failed to load: {i.error}"
+        for i in found if i.status in ("blocked", "failed")}
     _collect(plugins)
     return plugins
 

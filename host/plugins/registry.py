@@ -30,6 +30,8 @@ class Registry:
     backends: dict[str, BackendRecord] = field(default_factory=dict)
     caches: dict[str, CacheRecord] = field(default_factory=dict)
     current_plugin: str = "?"
+    # plugins found but not registered, by name: "blocked", or "failed to load: <error>"
+    plugin_status: dict[str, str] = field(default_factory=dict)
 
     def add_backend(self, name: str, factory: BackendFactory) -> None:
         self._add(self.backends, BackendRecord(name, factory, self.current_plugin), "backend")
