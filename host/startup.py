@@ -11,6 +11,7 @@ boot-error status, which stops the master instead of restarting the worker (host
 from __future__ import annotations
 
 import errno
+import importlib.util
 import logging
 import socket
 from pathlib import Path
@@ -132,6 +133,10 @@ def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
                     "config.pbtxt and version folders (1/, 2/, ...)%s", roots,
                     " (explicit mode: load models with --load-model or the repository API)"
                     if host.options.model_control_mode == "explicit" else "")
+    if importlib.util.find_spec("host.native.libtritonserver") is None:
+        log.warning("this modelhost was installed without its native bridge (no C compiler at "
+                    "install): native Triton backends and caches (libtriton_*.so) cannot load. "
+                    "Install gcc and Python's headers, then reinstall modelhost to have them")
     log.info("models:\n%s", table(("Model", "Version", "Status", "Reason"), rows) if rows else "  none")
     log.info("endpoints:\n%s", table(("Endpoint", "Address"), listening))
 
