@@ -1,0 +1,139 @@
+"""Start-up of a real `modelhost serve`: failures are one line and a non-zero exit (no traceback,
+no worker restart), the ready summary lists models and endpoints, an empty repository is warned
+about, JSON logs carry request ids, --log-verbose logs each request."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from host.testing import free_port, serve
+
+pytestmark = pytest.mark.modelhost_only
+
+ROOT = Path(__file__).resolve().parent.parent
+IDENTITY = ROOT / "model_repository" / "identity_fp32"
+
+
+def _repository(tmp_path: Path, broken: bool = False) -> Path:
+    repo = tmp_path / "models"
+    repo.mkdir()
+    (repo / "identity_fp32").symlink_to(IDENTITY, target_is_directory=True)
+    if broken:
+        (repo / "broken" / "1").mkdir(parents=True)
+        (repo / "broken" / "config.pbtxt").write_text('backend: "no_such_backend"\n')
+    return repo
+
+
+def _start(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """A server expected to fail: its exit status and output."""
+    ports = ["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+             "--metrics-address", "127.0.0.1"]
+    for flag in ("--http-port", "--grpc-port", "--metrics-port"):
+        if flag not in args:
+            ports += [flag, str(free_port())]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELHOST_")}
+    return subprocess.run([sys.executable, "-m", "host", "serve", *ports, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _one_error_line(result: subprocess.CompletedProcess, expected: str) -> str:
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "Traceback" not in out and "Worker failed to boot" not in out, out
+    assert out.count("Booting worker") <= 1, out  # never restarted
+    errors = [line for line in out.splitlines() if " E modelhost] " in line]
+    assert len(errors) == 1 and expected in errors[0], out
+    return errors[0]
+
+
+def test_missing_repository(tmp_path):
+    result = _start("--model-repository", str(tmp_path / "nowhere"))
+    _one_error_line(result, f"model repository '{tmp_path / 'nowhere'}' does not exist: "
+                            "pass --model-repository DIR")
+
+
+@pytest.mark.parametrize("flag, name", [("--http-port", "HTTP"), ("--grpc-port", "gRPC"),
+                                        ("--metrics-port", "metrics")])
+def test_busy_port(tmp_path, flag, name):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _start("--model-repository", str(_repository(tmp_path)), flag, str(port))
+    _one_error_line(result, f"the {name} port {port} on 127.0.0.1 is taken: address already in "
+                            f"use (another server listens there); stop it or pick another port "
+                            f"with {flag}")
+
+
+def test_bad_cache_configuration(tmp_path):
+    result = _start("--model-repository", str(_repository(tmp_path)),
+                    "--cache-config", "local,size=lots")
+    _one_error_line(result, "bad response cache configuration: local cache size 'lots' is not "
+                            "an integer (fix --cache-config)")
+
+
+def test_model_failing_with_exit_on_error(tmp_path):
+    result = _start("--model-repository", str(_repository(tmp_path, broken=True)), "--exit-on-error")
+    _one_error_line(result, "failed to load all models: 'broken': no plugin provides backend "
+                            "'no_such_backend'")
+    assert "--exit-on-error is set: fix the model, or start without --exit-on-error" in result.stderr
+
+
+def test_bad_flag_value():
+    result = _start("--model-control-mode", "sometimes")
+    assert result.returncode == 2 and "usage: modelhost serve" in result.stderr
+    assert "argument --model-control-mode: invalid choice: 'sometimes'" in result.stderr
+
+
+def test_ready_summary_lists_models_and_endpoints(tmp_path):
+    with serve(_repository(tmp_path, broken=True)) as server:
+        log = server.log_text()
+    assert "| Model" in log and "| Version | Status" in log
+    assert "| identity_fp32 | 1       | READY" in log
+    assert "| broken        | 1       | UNAVAILABLE | no plugin provides backend 'no_such_backend'" in log
+    assert f"| HTTP (KServe V2 / Triton REST)        | 127.0.0.1:{server.http_port}" in log
+    assert f"0.0.0.0:{server.grpc_port}" in log and f"0.0.0.0:{server.metrics_port}" in log
+    assert "Listening at" not in log  # gunicorn's own start-up lines only at --log-verbose
+
+
+def test_empty_repository_is_warned_about(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with serve(tmp_path / "empty") as server:
+        log = server.log_text()
+    assert "W modelhost] the model repository" in log and "holds no models" in log
+
+
+def test_json_logs_with_request_ids(tmp_path):
+    with serve(_repository(tmp_path), "--log-format", "json", "--log-verbose", "1") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+        tensor.set_data_from_numpy(__import__("numpy").ones(4, dtype="float32"))
+        client.infer("identity_fp32", [tensor], headers={"X-Request-ID": "abc-123"})
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc.is_server_ready(headers={"x-request-id": "grpc-7"})
+        server.stop()
+        lines = [line for line in server.log_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    infer = [r for r in records if r.get("request_id") == "abc-123"]
+    assert infer and infer[0]["path"] == "/v2/models/identity_fp32/infer" and infer[0]["status"] == "200"
+    assert any(r.get("request_id") == "grpc-7" and r["path"].endswith("/ServerReady") for r in records)
+    generated = [r for r in records if r["logger"] == "host.request" and r["request_id"] not in
+                 ("abc-123", "grpc-7")]
+    assert generated and all(len(r["request_id"]) == 16 for r in generated)  # readiness polls
+
+
+def test_without_log_verbose_no_request_lines(tmp_path):
+    with serve(_repository(tmp_path)) as server:
+        httpclient.InferenceServerClient(server.url).is_server_live()
+        log = server.log_text()
+    assert "host.request" not in log
