@@ -52,6 +52,13 @@ def _map_window(key: str, offset: int, byte_size: int) -> mmap.mmap:
         raise _open_error(key) from None
     try:
         fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        # Triton's text first (clients match it), then why: most often the client is elsewhere
+        raise InvalidArgumentError(
+            f"Unable to open shared memory region: '{key}': no such object in {SHM_DIR} on the "
+            f"server's host. System shared memory works only for a client on the same host as "
+            f"the server (sharing its {SHM_DIR}: not across machines, pods or load-balanced "
+            f"replicas); send the tensors in the request instead") from None
     except OSError:
         raise _open_error(key) from None
     finally:
