@@ -2,9 +2,15 @@
 # Debian packages the test suite uses, installed when missing (tox runs this before the tests, so
 # the README's one test command is enough on a fresh machine):
 #   redis-server  the redis cache plugin's tests start their own on a free loopback port
+#   haproxy       the load balancer in front of the replicas of the scale-out test
+#   iproute2      `ip netns`, `ip link`: the scale-out test's network namespaces
+#   util-linux    `unshare`: a replica's private /dev/shm in the scale-out test
 set -uo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" != 0 ]; then

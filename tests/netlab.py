@@ -149,6 +149,7 @@ class Lab:
             self._made.append(("netns", "del", r.netns))
             host_end = f"{self.tag}v{r.index}"
             _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", r.netns)
+            self._made.append(("link", "del", host_end))  # both ends go
             _ip("link", "set", host_end, "master", self.bridge, "up")
             for args in (("addr", "add", f"{r.address}/24", "dev", "eth0"),
                          ("link", "set", "eth0", "up"), ("link", "set", "lo", "up")):
