@@ -209,7 +209,7 @@ def parse_serve_args(parser: argparse.ArgumentParser, argv: Sequence[str],
 
     Parsed by `serve`'s own parser, so a typo shows `serve`'s usage, not the top level's.
     """
-    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr,index]
     known, _ = serve.parse_known_args(list(argv))
     config_file = known.config_file or environ.get("MODELHOST_CONFIG_FILE") or None
     try:

@@ -43,7 +43,8 @@ class _QuietBootError(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.msg == "Worker (pid:%s) exited with code %s."
-                    and record.args and record.args[-1] == Arbiter.WORKER_BOOT_ERROR)
+                    and isinstance(record.args, tuple)
+                    and record.args[-1] == Arbiter.WORKER_BOOT_ERROR)
 
 
 class ServerApplication(BaseApplication):
@@ -67,7 +68,8 @@ class ServerApplication(BaseApplication):
             "accesslog": None,
             # gunicorn's own start-up lines ("Listening at", "Booting worker") only when verbose:
             # the server logs its endpoints itself once ready (host.startup.log_summary).
-            "loglevel": "debug" if o.log_verbose else "warning",
+            # (its debug level, a dump of its configuration, from --log-verbose 2)
+            "loglevel": ("debug" if o.log_verbose > 1 else "info") if o.log_verbose else "warning",
             "logger_class": logs.GunicornLogger,
             "post_worker_init": _graceful_worker_sigint,
             "worker_exit": self._worker_exit,

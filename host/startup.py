@@ -15,7 +15,7 @@ import importlib.util
 import logging
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from host.errors import HostError
 
@@ -107,7 +107,7 @@ def explain(exc: BaseException, options: ServerOptions) -> str:
 
 # --- the summary once ready --------------------------------------------------------------------
 
-def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     """A text table as Triton prints them (+---+ borders)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]

@@ -9,8 +9,10 @@ CUDA contexts must not be created in a master process that forks. Only the HTTP 
 served this way; `modelhost serve` adds gRPC and metrics. Each worker process loads its own
 copy of every model, so several workers are several replicas.
 
-Options come from the arguments, else the environment: MODELHOST_MODEL_REPOSITORY (colon-separated
-roots, default ./model_repository), MODELHOST_MODEL_CONTROL_MODE (none), MODELHOST_BLOCK_PLUGINS.
+Options come from the arguments, else from the same MODELHOST_* variables and config file
+(MODELHOST_CONFIG_FILE) as `modelhost serve` (host.settings): MODELHOST_MODEL_REPOSITORY (roots
+separated by ';', default ./model_repository), MODELHOST_MODEL_CONTROL_MODE, MODELHOST_CACHE_CONFIG,
+MODELHOST_BLOCK_PLUGINS, ...
 """
 
 from __future__ import annotations
@@ -20,19 +22,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from host.options import ServerOptions
-
 
 def create(model_repository: str | None = None, model_control_mode: str | None = None) -> Any:
     """The falcon WSGI app serving a freshly started Host; the Host stops at interpreter exit."""
+    from host import cli
     from host.core import Host
     from host.http.app import create_app
 
-    roots = model_repository or os.environ.get("MODELHOST_MODEL_REPOSITORY", "model_repository")
-    options = ServerOptions(
-        model_repositories=[Path(r) for r in roots.split(os.pathsep) if r],
-        model_control_mode=model_control_mode
-        or os.environ.get("MODELHOST_MODEL_CONTROL_MODE", "none"))
+    options = cli.options_from_args(cli.parse_serve_args(cli.build_parser(), [], os.environ))
+    if model_repository:
+        options.model_repositories = [Path(r) for r in model_repository.split(os.pathsep) if r]
+    if model_control_mode:
+        options.model_control_mode = model_control_mode
     host = Host(options)
     host.start()
     atexit.register(host.stop)

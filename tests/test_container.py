@@ -5,7 +5,7 @@ The Dockerfile's build stage runs `scripts/build_rootfs.sh /opt/modelhost cpu` o
 python:3.11-slim base; this test runs the same script with this machine's Python 3.11 into a
 fresh prefix (a virtual environment without the system's site-packages: everything the image
 holds is installed by the script, from the package index), then starts the image's ENTRYPOINT
-and CMD with the image's environment, as the image's user would, and asks its HEALTHCHECK.
+and CMD with the image's environment, and asks its HEALTHCHECK.
 """
 
 from __future__ import annotations

@@ -123,6 +123,7 @@ def test_json_logs_with_request_ids(tmp_path):
         server.stop()
         lines = [line for line in server.log_text().splitlines() if line.strip()]
     records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert not any("Current configuration" in r["message"] for r in records)  # no gunicorn dump
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
     infer = [r for r in records if r.get("request_id") == "abc-123"]
     assert infer and infer[0]["path"] == "/v2/models/identity_fp32/infer" and infer[0]["status"] == "200"
