@@ -48,7 +48,7 @@ def _import_torch() -> None:
     except ImportError as exc:
         raise UnavailableError(
             "the 'inflight' backend needs PyTorch, which is not installed: "
-            "pip install torch (or modelhost[llm])") from exc
+            "pip install torch (a CPU build is enough)") from exc
 
 
 class InflightBackend(Backend):
