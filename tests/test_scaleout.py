@@ -138,11 +138,20 @@ class Load:
             time.sleep(0.02)
 
 
+@pytest.fixture
+def report(capsys):
+    """Print a figure to the terminal even when pytest captures output: CI's log shows them."""
+    def emit(text: str) -> None:
+        with capsys.disabled():
+            print(f"\n[scale-out] {text}")
+    return emit
+
+
 def _served(lab: Lab) -> dict[str, float]:
     return {r.name: r.metric("nv_inference_request_success", MODEL) for r in lab.replicas}
 
 
-def test_requests_spread_over_replicas_http_and_grpc(lab):
+def test_requests_spread_over_replicas_http_and_grpc(lab, report):
     before = _served(lab)
     with Load(lab, http_threads=3, grpc_threads=0, max_requests=60) as load:
         load.join()
@@ -153,7 +162,7 @@ def test_requests_spread_over_replicas_http_and_grpc(lab):
     assert not grpc_load.failures and len(grpc_load.ok) == 120
     after_grpc = _served(lab)
     grpc_by = {r: after_grpc[r] - after_http[r] for r in after_grpc}
-    print(f"\nspread: HTTP requests per replica {dict(sorted(http_by.items()))}, "
+    report(f"spread: HTTP requests per replica {dict(sorted(http_by.items()))}, "
           f"gRPC requests per replica {grpc_by}, failures {len(load.failures)}")
     assert not load.failures
     assert sum(http_by.values()) == 180 and set(http_by) == {"r0", "r1", "r2"}
@@ -163,7 +172,7 @@ def test_requests_spread_over_replicas_http_and_grpc(lab):
     assert sum(grpc_by.values()) == 120 and min(grpc_by.values()) >= 120 / 6
 
 
-def test_a_response_cached_through_one_replica_is_a_hit_through_another(lab):
+def test_a_response_cached_through_one_replica_is_a_hit_through_another(lab, report):
     r0, r1, r2 = lab.replicas
     data = np.arange(64, dtype=np.int32).reshape(1, 64) + int(time.time()) % 1000
 
@@ -186,13 +195,13 @@ def test_a_response_cached_through_one_replica_is_a_hit_through_another(lab):
         np.testing.assert_array_equal(infer(f"127.0.0.1:{lab.http_port}"), data * 2)
     after = {r.name: stats(r) for r in lab.replicas}
     delta = {n: tuple(a - b for a, b in zip(after[n], before[n])) for n in after}
-    print(f"\ncache (hits, misses, executions) per replica: {delta}")
+    report(f"cache (hits, misses, executions) per replica: {delta}")
     assert delta["r0"][1:] == (1, 1)            # one miss, one execution: the only one
     assert delta["r1"][0] >= 1 and delta["r1"][2] == 0
     assert sum(d[2] for d in delta.values()) == 1 and sum(d[0] for d in delta.values()) == 4
 
 
-def test_a_replica_killed_mid_load_costs_only_its_in_flight_requests(lab):
+def test_a_replica_killed_mid_load_costs_only_its_in_flight_requests(lab, report):
     victim = lab.replicas[1]
     with Load(lab, http_threads=3, grpc_threads=1, max_seconds=60) as load:
         load.wait_for(150)
@@ -203,7 +212,7 @@ def test_a_replica_killed_mid_load_costs_only_its_in_flight_requests(lab):
         load.wait_for(len(load.ok) + 300)
     after = [name for t, name in load.ok if t > dead_at]
     in_flight_bound = load.http_threads + load.grpc_threads
-    print(f"\nkill: {len(load.ok)} requests ok, {len(load.failures)} failed "
+    report(f"kill: {len(load.ok)} requests ok, {len(load.failures)} failed "
           f"(bound: {in_flight_bound} in flight), served after the kill: {dict(Counter(after))}; "
           f"failures: {[f for _, f in load.failures][:5]}")
     assert len(load.failures) <= in_flight_bound
@@ -223,7 +232,7 @@ def _wait_up(lab: Lab, replica, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_rolling_restart_loses_no_request(lab):
+def test_rolling_restart_loses_no_request(lab, report):
     with Load(lab, http_threads=3, grpc_threads=1, max_requests=100_000, max_seconds=240,
               pause=0.005) as load:
         load.wait_for(100)
@@ -243,13 +252,13 @@ def test_rolling_restart_loses_no_request(lab):
             assert Counter(name for _, name in load.ok)[replica.name] > served_before
         total = len(load.ok)
     by_replica = dict(Counter(name for _, name in load.ok))
-    print(f"\nrolling restart: {total} requests ok, {len(load.failures)} failed, "
+    report(f"rolling restart: {total} requests ok, {len(load.failures)} failed, "
           f"per replica {by_replica}; failures: {[f for _, f in load.failures][:5]}")
     assert load.failures == []
     assert all(by_replica.get(r.name, 0) > 0 for r in lab.replicas)
 
 
-def test_shared_memory_is_refused_clearly_for_a_client_on_another_host(lab):
+def test_shared_memory_is_refused_clearly_for_a_client_on_another_host(lab, report):
     import tritonclient.utils.shared_memory as shm
 
     key = f"/mh_scaleout_{lab.tag}"
@@ -259,7 +268,7 @@ def test_shared_memory_is_refused_clearly_for_a_client_on_another_host(lab):
         with pytest.raises(InferenceServerException) as info:
             client.register_system_shared_memory("far", key, 64)
         message = str(info.value)
-        print(f"\nshared memory refused: {message}")
+        report(f"shared memory refused: {message}")
         assert f"Unable to open shared memory region: '{key}'" in message
         assert "works only for a client on the same host as the server" in message
         assert client.is_server_live()
