@@ -190,6 +190,12 @@ def _plugins_command(args: argparse.Namespace) -> int:
         print(f"{info.name:16} {info.status:9} {dist:24} {provides}")
         if info.error:
             print(f"{'':16} error: {info.error}")
+    import importlib.util
+
+    bridge = importlib.util.find_spec("host.native.libtritonserver") is not None
+    print("native Triton backends and caches (libtriton_*.so): " + (
+        "supported" if bridge else "not supported: modelhost was installed without a C compiler "
+        "(install gcc and Python's headers, then reinstall modelhost)"))
     return 0
 
 
