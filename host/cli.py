@@ -54,15 +54,17 @@ def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) ->
 
 
 SETTINGS_EPILOG = """\
-Every flag can also come from the environment or from a config file: --http-port is
-MODELHOST_HTTP_PORT=8000, or `http-port = 8000` in a TOML file (`http-port: 8000` in YAML) named by
---config-file or MODELHOST_CONFIG_FILE. A flag wins over the environment, which wins over the file,
-which wins over the default. A repeatable flag takes its values from one source: in a variable,
-separate them with ';' (MODELHOST_CACHE_CONFIG="redis,host=r;redis,port=6379"); in a file, use a list.
+Every flag can also come from the environment or from a config file:
+  --http-port 8000  is  MODELHOST_HTTP_PORT=8000,  or  http-port = 8000  in a TOML file
+  (http-port: 8000 in YAML) named by --config-file or MODELHOST_CONFIG_FILE.
+A flag wins over the environment, which wins over the file, which wins over the default.
+A repeatable flag takes its values from one source: in a variable, separate them with ';'
+  MODELHOST_CACHE_CONFIG="redis,host=r;redis,port=6379"
+in a file, use a list. More: docs/serve.md.
 """
 
 
-class _HelpFormatter(argparse.HelpFormatter):
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Every flag's help ends with its default (argparse's own formatter skips flags without help)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
