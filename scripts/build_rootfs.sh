@@ -35,7 +35,7 @@ if [ "$VARIANT" = cuda ]; then
     "${PIP[@]}" --force-reinstall --no-deps "onnxruntime-gpu>=1.17"
     "${PIP[@]}" "cupy-cuda12x>=13"   # CUDA shared memory (modelhost[cuda])
 fi
-# Nothing the server needs at run time: pip itself, bytecode caches are rebuilt as needed.
+# pip is not needed at run time. The bytecode pip compiled stays: the image's root filesystem
+# may be read-only (deploy/kubernetes), where Python could not write it at start-up.
 "$PREFIX/bin/python" -m pip uninstall -q -y pip setuptools wheel 2>/dev/null || true
-find "$PREFIX" -name '__pycache__' -type d -prune -exec rm -rf {} +
 echo "modelhost installed in $PREFIX ($VARIANT): $("$PREFIX/bin/modelhost" --version)"
