@@ -13,12 +13,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, datatypes, parameters, shm
+from host import __version__, classification, datatypes, overrides, parameters, raw_input, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
-                         InvalidArgumentError, UnavailableError)
+                         InvalidArgumentError, UnavailableError, error_for)
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
@@ -190,8 +190,7 @@ class Host:
         cancels the request."""
         mv = self.manager.get(request.model_name, request.model_version)
         responses: queue.SimpleQueue = queue.SimpleQueue()
-        self._admit(mv, request)
-        hit = self._prepare(mv, request, lambda r, final: responses.put((r, final)))
+        hit = self._admit_and_prepare(mv, request, lambda r, final: responses.put((r, final)))
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
@@ -215,15 +214,26 @@ class Host:
         self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        self._admit(mv, request)
-        hit = self._prepare(mv, request, callback)
+        hit = self._admit_and_prepare(mv, request, callback)
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
             self._schedule(mv, request)
 
+    def _admit_and_prepare(self, mv: ModelVersion, request: InferenceRequest,
+                           callback: ResponseCallback) -> InferenceResponse | None:
+        try:
+            self._admit(mv, request)
+            return self._prepare(mv, request, callback)
+        except BaseException:
+            if request.shm_regions:  # refused before it ran: its regions are free again
+                shm.release_request(request, self.shm)
+            raise
+
     def _admit(self, mv: ModelVersion, request: InferenceRequest) -> None:
         """The checks every request passes before it is scheduled, whatever its front end."""
+        if request.raw_input:
+            raw_input.resolve(request, mv.config)
         if request.uses_shm:
             shm.bind_request(request, self.shm, mv.name)
         parameters.interpret(request)
@@ -240,6 +250,8 @@ class Host:
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
+        classes = request.classification
+        shm_manager = self.shm
         error: HostError | None = None
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
@@ -256,14 +268,21 @@ class Host:
                 else:
                     if wanted is not None:
                         response.outputs = [t for t in response.outputs if t.name in wanted]
-                    if shm_outputs is not None:
-                        try:
+                    try:
+                        if classes is not None:
+                            response.outputs = [
+                                classification.apply(t, classes[t.name], mv.batching,
+                                                     mv.labels.get(t.name))
+                                if t.name in classes else t for t in response.outputs]
+                        if shm_outputs is not None:
                             shm.write_outputs(response, shm_outputs)
-                        except HostError as exc:
-                            error = exc
-                            response = InferenceResponse(name, version, request.id, error=exc)
+                    except HostError as exc:
+                        error = exc
+                        response = InferenceResponse(name, version, request.id, error=exc)
             if final:
                 request.completed = True
+                if request.shm_regions:
+                    shm.release_request(request, shm_manager)
                 now = time.perf_counter_ns()
                 started = request.exec_start_ns
                 stats.request_done(error is None, now - request.enqueue_ns,
@@ -303,10 +322,21 @@ class Host:
 
     def load_model(self, name: str, config: str | None = None,
                    files: dict[str, bytes] | None = None) -> None:
+        """Load (or reload) a model, optionally with a config override and its own files."""
         self.manager.check_control_allowed()
-        if files:
-            raise UnsupportedError("loading a model with file content overrides is not supported")
-        self.manager.load(name, config)
+        overrides.check_model_name(name)
+        try:
+            folder = None
+            if files:
+                if config is None:
+                    raise InvalidArgumentError(overrides.CONFIG_REQUIRED)
+                folder = overrides.write(name, files, self.options.http_max_input_size)
+            self.manager.load(name, config, override_dir=folder)  # removes an unused folder
+        except HostError as exc:
+            if (config is None and not files) or exc.message.startswith("failed to load"):
+                raise
+            # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
+            raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
