@@ -43,12 +43,18 @@ class Host:
                 f"(expected one of {', '.join(CONTROL_MODES)})")
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
         self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
-                                    native_loader=native_backend.loader(self.options.backend_directory))
+                                    native_loader=native_backend.loader(self.options.backend_directory),
+                                    config=_backend_settings(self.options))
         # The response cache (None without --cache-config); see _prepare for where it is used.
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
-        self.manager = ModelManager(self.options.model_repositories, self.backends,
-                                    self.options.model_control_mode, self._on_model_state)
+        opts = self.options
+        self.manager = ModelManager(opts.model_repositories, self.backends,
+                                    opts.model_control_mode, self._on_model_state,
+                                    auto_complete=not (opts.disable_auto_complete_config
+                                                       or opts.strict_model_config),
+                                    config_name=opts.model_config_name,
+                                    load_threads=opts.model_load_thread_count)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
@@ -111,10 +117,12 @@ class Host:
         return not self._stopping.is_set()
 
     def ready(self) -> bool:
-        return self._ready
+        if not self._ready:
+            return False
+        return not self.options.strict_readiness or self.manager.all_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__,
+        return {"name": self.options.server_id or SERVER_NAME, "version": __version__,
                 "extensions": EXTENSIONS + self.shm.extensions()}
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -355,6 +363,14 @@ class Host:
                 raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
+
+
+def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:
+    """--backend-config settings by backend; with auto-complete off, backends are told so."""
+    settings = {name: dict(values) for name, values in options.backend_config.items()}
+    if options.disable_auto_complete_config or options.strict_model_config:
+        settings.setdefault("", {}).setdefault("auto-complete-config", "false")
+    return settings
 
 
 def _after_final(response: InferenceResponse | None, final: bool) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -62,10 +63,14 @@ class ModelEntry:
 
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
-                 on_state: StateListener | None = None) -> None:
+                 on_state: StateListener | None = None, *, auto_complete: bool = True,
+                 config_name: str = "", load_threads: int = 1) -> None:
         self.roots = [Path(r) for r in roots]
         self.backends = backends
         self.mode = mode
+        self.auto_complete = auto_complete  # off: --disable-auto-complete-config
+        self.config_name = config_name  # --model-config-name
+        self.load_threads = max(1, load_threads)  # --model-load-thread-count
         self._on_state = on_state or (lambda *a: None)
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
@@ -94,6 +99,18 @@ class ModelManager:
 
     def loaded(self) -> list[ModelVersion]:
         return [v for e in list(self._models.values()) for v in e.versions.values()]
+
+    def all_ready(self) -> bool:
+        """Triton's strict readiness: every model a load was asked for has its versions READY
+        (a version that is unavailable because it was unloaded does not count)."""
+        for entry in list(self._models.values()):
+            if entry.unloaded:
+                continue
+            if entry.error or entry.failed:
+                return False
+            if any(v.state != READY for v in entry.versions.values()):
+                return False
+        return True
 
     # --- repository index ----------------------------------------------------------------------
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -146,13 +163,24 @@ class ModelManager:
             scan_errors = self._refresh_locations()
             wanted = sorted(self._models) if names is None or "*" in names else names
             errors: dict[str, str] = {}
-            for name in wanted:
+
+            def load_one(name: str) -> None:
                 try:
                     if name in scan_errors:
                         raise InvalidArgumentError(scan_errors[name])
-                    self.load(name)
+                    self._load(name, None, None, refresh=False)
                 except HostError as exc:
                     errors[name] = str(exc)
+
+            # The models load in parallel (--model-load-thread-count), as in Triton: each load
+            # touches only its own entry; the backend pool serializes backend creation.
+            if self.load_threads == 1 or len(wanted) < 2:
+                for name in wanted:
+                    load_one(name)
+            else:
+                with ThreadPoolExecutor(min(self.load_threads, len(wanted)),
+                                        thread_name_prefix="model-load") as pool:
+                    list(pool.map(load_one, wanted))
             return errors
 
     def load(self, name: str, config_json: str | dict | None = None,
@@ -175,8 +203,10 @@ class ModelManager:
                     if entry is not None and folder is not None:
                         self._settle_override(entry, folder)
 
-    def _load(self, name: str, config_json: str | dict | None, override_dir: Path | None) -> None:
-        self._refresh_locations()
+    def _load(self, name: str, config_json: str | dict | None, override_dir: Path | None,
+              refresh: bool = True) -> None:
+        if refresh:
+            self._refresh_locations()
         if override_dir is not None:
             entry = self._models.setdefault(name, ModelEntry(name))
             entry.location = repository.ModelLocation(name, override_dir.parent, override_dir)
@@ -205,7 +235,14 @@ class ModelManager:
             except HostError as exc:
                 raise InvalidArgumentError(f"Invalid config override: {exc}") from None
         else:
-            cfg = config_mod.load_config_file(entry.location.path) or model_config_pb2.ModelConfig()
+            cfg = config_mod.load_config_file(entry.location.path, self.config_name)
+            if cfg is None:
+                if not self.auto_complete:  # Triton reads the (missing) file and fails
+                    raise InvalidArgumentError(
+                        f"failed to read text proto from "
+                        f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
+                        "(auto-complete is disabled, so every model needs its configuration)")
+                cfg = model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name
         if not config_mod.backend_for(cfg):
@@ -256,7 +293,8 @@ class ModelManager:
         except Exception as exc:
             raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
         try:
-            backend.auto_complete_config(spec)
+            if self.auto_complete:
+                backend.auto_complete_config(spec)
             config_mod.normalize_config(spec.config, entry.name)
             mv = ModelVersion(spec)
             mv.load(backend)
