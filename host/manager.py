@@ -106,9 +106,12 @@ class ModelManager:
         for entry in list(self._models.values()):
             if entry.unloaded:
                 continue
-            if entry.error or entry.failed:
+            versions = entry.versions
+            if entry.error and not versions:
                 return False
-            if any(v.state != READY for v in entry.versions.values()):
+            if any(v not in versions for v in entry.failed):  # a failed reload keeps its version
+                return False
+            if any(v.state != READY for v in versions.values()):
                 return False
         return True
 

@@ -57,8 +57,8 @@ def resolve(request: InferenceRequest, config: model_config_pb2.ModelConfig) -> 
             shape[dynamic_axis] = len(body) // count // size if count and size else 0
         expected = datatypes.element_count(shape) * size
         if len(body) != expected:
-            raise InvalidArgumentError(
-                f"{tag}input byte size mismatch for input '{model_input.name}' for model "
+            raise InvalidArgumentError(  # Triton names the input as the request did
+                f"{tag}input byte size mismatch for input '{NAME}' for model "
                 f"'{config.name}'. Expected {expected}, got {len(body)}")
         data = np.frombuffer(body, datatypes.to_numpy(datatype), datatypes.element_count(shape))
         data = data.reshape(shape)
