@@ -92,7 +92,7 @@ def apply(tensor: Tensor, k: int, batching: bool, labels: list[bytes] | None) ->
     if datatype in _NOT_NUMERIC or not datatypes.is_valid(datatype):
         raise InvalidArgumentError(
             f"class result not available for output due to unsupported type '{datatype}'")
-    data = tensor.data
+    data: Any = tensor.data
     if hasattr(data, "__cuda_array_interface__"):
         data = data.get()
     values = np.asarray(data)
@@ -128,7 +128,7 @@ def _top(values: np.ndarray, count: int, labels: list[bytes] | None) -> list[byt
 
 
 def _float_text(value: Any) -> str:
-    return "%f" % float(value)  # C++ std::to_string of a float or double
+    return f"{float(value):f}"  # C++ std::to_string of a float or double: "%f"
 
 
 def _int_text(value: Any) -> str:

@@ -211,9 +211,9 @@ class ModelManager:
         if refresh:
             self._refresh_locations()
         if override_dir is not None:
-            entry = self._models.setdefault(name, ModelEntry(name))
-            entry.location = repository.ModelLocation(name, override_dir.parent, override_dir)
-            entry.override_dir = override_dir
+            created = self._models.setdefault(name, ModelEntry(name))
+            created.location = repository.ModelLocation(name, override_dir.parent, override_dir)
+            created.override_dir = override_dir
         entry = self._models.get(name)
         if entry is None or entry.location is None or not entry.location.path.is_dir():
             raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
@@ -238,14 +238,13 @@ class ModelManager:
             except HostError as exc:
                 raise InvalidArgumentError(f"Invalid config override: {exc}") from None
         else:
-            cfg = config_mod.load_config_file(entry.location.path, self.config_name)
-            if cfg is None:
-                if not self.auto_complete:  # Triton reads the (missing) file and fails
-                    raise InvalidArgumentError(
-                        f"failed to read text proto from "
-                        f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
-                        "(auto-complete is disabled, so every model needs its configuration)")
-                cfg = model_config_pb2.ModelConfig()
+            found = config_mod.load_config_file(entry.location.path, self.config_name)
+            if found is None and not self.auto_complete:  # Triton reads the (missing) file
+                raise InvalidArgumentError(
+                    f"failed to read text proto from "
+                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
+                    "(auto-complete is disabled, so every model needs its configuration)")
+            cfg = found or model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name
         if not config_mod.backend_for(cfg):

@@ -44,13 +44,13 @@ def resolve(request: InferenceRequest, config: model_config_pb2.ModelConfig) -> 
         else:
             count *= dim
         shape.append(dim)
-    body = raw.data
+    body = raw.data  # the request body as a uint8 view
     if datatype == "BYTES":
         if dynamic_axis != -1 or count != 1:
             raise InvalidArgumentError(
                 f"{tag}For BYTE datatype raw input '{model_input.name}', the model must have "
                 "input shape [1]")
-        data = datatypes.bytes_array([bytes(body)], shape)
+        data = datatypes.bytes_array([body.tobytes()], shape)
     else:
         size = datatypes.element_size(datatype)
         if dynamic_axis != -1:

@@ -412,7 +412,7 @@ def _raw_request(body: bytes | memoryview, model_name: str,
                  model_version: int) -> tuple[InferenceRequest, OutputFormat]:
     """A raw binary request: the body is the one input; every output goes back in binary.
     The host gives the input its name, datatype and shape (host.raw_input)."""
-    raw = Tensor(raw_input.NAME, "", [], body)
+    raw = Tensor(raw_input.NAME, "", [len(body)], np.frombuffer(body, np.uint8))  # a view
     request = InferenceRequest(model_name=model_name, model_version=model_version,
                                inputs={raw_input.NAME: raw}, protocol="http", raw_input=True)
     return request, OutputFormat(default_binary=True)

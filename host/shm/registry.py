@@ -92,13 +92,13 @@ class SharedMemoryManager:
                 gone = [region] if region is not None and (kind is None or region.kind == kind) else []
             else:
                 gone = [r for r in self._regions.values() if kind is None or r.kind == kind]
-            for region in gone:
-                if region.users:
-                    region.pending = True  # goes when its last request releases it
+            for each in gone:
+                if each.users:
+                    each.pending = True  # goes when its last request releases it
                     continue
                 # Dropping the registry's reference is the whole unregister: the mapping goes
                 # with the last view of it.
-                del self._regions[region.name]
+                del self._regions[each.name]
     def status(self, kind: str, name: str = "") -> list[dict]:
         with self._lock:
             if name:
@@ -126,10 +126,11 @@ class SharedMemoryManager:
     def release(self, regions: list[Any]) -> None:
         """A request is done with `regions` (one entry per acquire)."""
         with self._lock:
-            for region in regions:
-                region.users -= 1
-                if region.pending and not region.users and self._regions.get(region.name) is region:
-                    del self._regions[region.name]
+            for used in regions:
+                used.users -= 1
+                name = used.name
+                if used.pending and not used.users and self._regions.get(name) is used:
+                    del self._regions[name]
 
     def close(self) -> None:
         self._unregister()
