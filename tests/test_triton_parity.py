@@ -117,7 +117,9 @@ def test_classification_aio_clients(parity):
     async def run():
         async with httpaio.InferenceServerClient(parity.url) as client:
             out = httpaio.InferRequestedOutput("OUTPUT0", class_count=1)
-            first = await client.infer("classify", [_scores_input(httpaio, batch)], outputs=[out])
+            first = await client.infer("classify", [_scores_input(httpaio, batch)], outputs=[out],
+                                       request_compression_algorithm="gzip",
+                                       response_compression_algorithm="deflate")
         client = grpcaio.InferenceServerClient(parity.grpc_url)
         try:
             out = grpcaio.InferRequestedOutput("OUTPUT0", class_count=2)
@@ -414,9 +416,12 @@ def test_load_with_an_invalid_config_override(http, grpcc):
     ("a/b", "invalid model name 'a/b', model name must not contain path traversal characters"),
     ("..", "invalid model name '..', model name must not contain path traversal characters"),
 ])
-def test_model_names_are_validated_on_load(grpcc, name, message):
+def test_model_names_are_validated_on_load(http, grpcc, name, message):
     error = _error(lambda: grpcc.load_model(name))
     assert (error.status(), error.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+    if "/" not in name and name != "..":  # the others do not survive as one URL path segment
+        error = _error(lambda: http.load_model(name))
+        assert (error.status(), error.message()) == ("400", message)
 
 
 def test_empty_final_response_parameter(parity):
