@@ -327,6 +327,19 @@ def test_load_with_file_overrides(parity, override_tmp, protocol):
     assert not folder.exists()  # removed with the model
 
 
+def test_reload_without_files_returns_to_the_repository(http, override_tmp):
+    before = _override_dirs(override_tmp)
+    out = httpclient.InferRequestedOutput("OUTPUT0", class_count=1)
+    http.load_model("classify", config=_override_config("classify"), files=_override_files())
+    [folder] = [d for d in _override_dirs(override_tmp) if d not in before]
+    result = http.infer("classify", [_scores_input(httpclient)], outputs=[out])
+    assert result.as_numpy("OUTPUT0").tolist() == [[b"0.700000:1:b"]]  # labels of the override
+    http.load_model("classify")
+    result = http.infer("classify", [_scores_input(httpclient)], outputs=[out])
+    assert result.as_numpy("OUTPUT0").tolist() == [[b"0.700000:1:one"]]  # the repository's again
+    assert not folder.exists()
+
+
 def test_file_override_errors(http, grpcc, override_tmp):
     files = _override_files()
     before = _override_dirs(override_tmp)
