@@ -474,11 +474,11 @@ def test_nan_and_infinities_survive_json(parity, http):
     result = http.infer("cast_types", [tensor], outputs=outs)
     for name in ("OUT_FP32", "OUT_FP64"):
         np.testing.assert_array_equal(result.as_numpy(name), values.astype(result.as_numpy(name).dtype))
-    # on the wire, as Triton writes them; Triton's parser also takes Inf / -Inf? not here: see docs
-    body = b'{"inputs":[{"name":"INPUT0","datatype":"FP64","shape":[3],"data":[NaN,Infinity,-Infinity]}],' \
-           b'"outputs":[{"name":"OUT_FP64"}]}'
+    # on the wire, as Triton writes them; its parser's other spellings are taken too
+    body = (b'{"inputs":[{"name":"INPUT0","datatype":"FP64","shape":[5],'
+            b'"data":[NaN,Infinity,-Infinity,Inf,-Inf]}],"outputs":[{"name":"OUT_FP64"}]}')
     status, _, raw = _post(parity, "/v2/models/cast_types/infer", body)
-    assert status == 200 and b'"data":[NaN,Infinity,-Infinity]' in raw
+    assert status == 200 and b'"data":[NaN,Infinity,-Infinity,Infinity,-Infinity]' in raw
 
 
 @pytest.mark.parametrize("element", [b"\xff\xfeab", "caf\xe9".encode(), b"\xc3", b"a\xed\xa0\x80b"])

@@ -13,6 +13,7 @@ against its config) is the host's business.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -54,10 +55,28 @@ def load_json(buf: bytes | memoryview) -> Any:
     # What orjson refuses but Triton's parser (rapidjson, kParseNanAndInfFlag, no encoding
     # validation) takes: NaN / Infinity / -Infinity, and strings holding bytes that are not
     # UTF-8 (kept byte for byte through `surrogateescape`; see `_utf8`).
+    text = bytes(buf).decode("utf-8", "surrogateescape")
     try:
-        return json.loads(bytes(buf).decode("utf-8", "surrogateescape"))
+        return json.loads(text)
+    except ValueError:
+        pass
+    except RecursionError:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
+    try:  # rapidjson's other spellings: Inf, -Inf, -NaN (outside strings only)
+        return json.loads(_RAPIDJSON_WORDS.sub(_python_word, text))
     except (ValueError, RecursionError):
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
+
+
+# A JSON string (kept as it is), or a bare Inf / -Inf / -NaN that Python's json does not know.
+_RAPIDJSON_WORDS = re.compile(r'"(?:[^"\\]|\\.)*"|-?Inf(?!inity)|-NaN')
+
+
+def _python_word(match: re.Match) -> str:
+    word = match.group(0)
+    if word.startswith('"'):
+        return word
+    return {"Inf": "Infinity", "-Inf": "-Infinity", "-NaN": "NaN"}[word]
 
 
 def dump_json(obj: Any, exact: bool = False) -> bytes:
