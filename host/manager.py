@@ -18,7 +18,7 @@ from host import config as config_mod
 from host import overrides, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
-from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 
