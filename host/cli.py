@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from host import __version__, logs, settings
+from host import __version__, cli_triton, logs, settings
 from host.options import CONTROL_MODES, ServerOptions
 
 
@@ -105,8 +105,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
     _flag(p, "--exit-on-error", "exit if any model fails to load at start")
-    _flag(p, "--strict-model-config", "accepted for compatibility: configs are always auto-completed")
-    _flag(p, "--strict-readiness", "accepted for compatibility", default=True)
+    _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
+          "--disable-auto-complete-config")
+    _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
+          "READY (default false here; Triton's default is true)", default=False)
     p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
                    help="do not load the plugin NAME (repeatable; also MODELHOST_BLOCK_PLUGINS=a,b)")
     p.add_argument("--http-address", default="0.0.0.0", help="address the HTTP server listens on")
@@ -133,8 +135,9 @@ def _serve_parser(sub) -> None:
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, metavar="SECS",
                    help="on SIGTERM/SIGINT, how long in-flight requests may take to finish")
-    p.add_argument("--model-load-thread-count", type=int, default=4,
-                   help="accepted for compatibility: models load one after the other")
+    p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
+                   help="how many models load in parallel at start-up")
+    cli_triton.add_flags(p, _flag)
     p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
                    metavar="NAME,KEY=VALUE",
                    help="enable the response cache NAME with a setting (repeatable), e.g. "
@@ -173,7 +176,9 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_load_thread_count=args.model_load_thread_count,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         cache_directory=args.cache_directory,
+        strict_readiness=args.strict_readiness,
         log_format=args.log_format,
+        **cli_triton.options(args),
     )
 
 
