@@ -121,3 +121,16 @@ def test_help_shows_every_flag_with_help_and_default():
     assert "(default: 8000)" in text and "MODELHOST_HTTP_PORT" in text
     for action in settings.settable(parser):
         assert settings.long_name(action) in text
+
+
+def test_flags_added_elsewhere_get_their_variable_and_key_too(tmp_path):
+    # --id, --backend-config and --disable-auto-complete-config come from host.cli_triton: no
+    # code of host.settings names them
+    toml = tmp_path / "m.toml"
+    toml.write_text('backend-config = ["onnxruntime,default-max-batch-size=4"]\n'
+                    "disable-auto-complete-config = true\n")
+    args = _args(["--config-file", str(toml)], {"MODELHOST_ID": "replica-7"})
+    assert args.server_id == "replica-7" and args.disable_auto_complete_config is True
+    assert args.backend_config and "onnxruntime" in str(args.backend_config[0])
+    off = _args(["--config-file", str(toml)], {"MODELHOST_DISABLE_AUTO_COMPLETE_CONFIG": "false"})
+    assert off.disable_auto_complete_config is False  # a store_true flag turned off by the env
