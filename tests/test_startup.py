@@ -138,3 +138,14 @@ def test_without_log_verbose_no_request_lines(tmp_path):
         httpclient.InferenceServerClient(server.url).is_server_live()
         log = server.log_text()
     assert "host.request" not in log
+
+
+def test_a_worker_that_fails_to_boot_is_not_restarted(tmp_path):
+    # --log-verbose shows gunicorn's own lines: exactly one worker is booted, and the traceback
+    # is there for whoever asked for detail
+    result = _start("--model-repository", str(_repository(tmp_path)),
+                    "--cache-config", "local,size=lots", "--log-verbose", "1")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert out.count("Booting worker") == 1, out
+    assert "Traceback" in out and "Worker failed to boot" not in out
