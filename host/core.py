@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, datatypes, parameters, shm
+from host import __version__, datatypes, headers, logsettings, parameters, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
@@ -26,12 +26,13 @@ from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
+from host.trace import TraceManager
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelhost"
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "generate"]
+              "binary_tensor_data", "parameters", "statistics", "generate", "trace", "logging"]
 
 
 class Host:
@@ -53,6 +54,13 @@ class Host:
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
+        # Tracing: the request path checks `self.tracing` only; the manager keeps it up to date.
+        self.tracer = TraceManager(self.options.trace)
+        self.tracing = self.tracer.active
+        self.tracer.on_change = self._tracing_changed
+        # Header forwarding (host.headers): None unless a pattern was given.
+        self.http_header_forwarder = headers.forwarder(self.options.http_header_forward_pattern)
+        self.grpc_header_forwarder = headers.forwarder(self.options.grpc_header_forward_pattern)
         # Streams run their scheduler call here so responses reach the client while execute runs.
         self._stream_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="stream")
 
@@ -93,6 +101,7 @@ class Host:
         self._stream_pool.shutdown(wait=True)
         if self.cache is not None:
             self.cache.close()
+        self.tracer.close()  # after the last request: its traces are written or exported
         self.plugins.manager.hook.modelhost_shutdown(host=self)
 
     def _poll_loop(self) -> None:
@@ -277,6 +286,8 @@ class Host:
 
         request.callback = on_response
         request.enqueue_ns = time.perf_counter_ns()
+        if self.tracing:  # the only cost of tracing while no setting can sample
+            self.tracer.begin(mv, request)
         # --- response cache: the one place the request path touches it; after the request's
         # start time, so that its duration includes the lookup (as Triton's does).
         if self.cache is not None:
@@ -325,6 +336,25 @@ class Host:
                 raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
+
+    # --- trace and logging extensions ----------------------------------------------------------
+    def _tracing_changed(self, active: bool) -> None:
+        self.tracing = active
+
+    def trace_setting(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's trace extension: the effective setting of `model` (or the global one), after
+        applying `changes` (setting -> text value, a list for trace_level, None to clear)."""
+        if model and not self.model_ready(model):
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if changes:
+            return self.tracer.update(model, changes)
+        return self.tracer.get(model)
+
+    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's logging extension: the log settings, after applying `changes`."""
+        if changes:
+            return logsettings.update(changes)
+        return logsettings.current().as_dict()
 
 
 def _after_final(response: InferenceResponse | None, final: bool) -> None:

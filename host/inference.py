@@ -65,6 +65,8 @@ class InferenceRequest:
     # None until the host binds it); `shm_outputs` maps output names to (region, offset, size).
     uses_shm: bool = False
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
+    # A `host.trace.Trace` when this request was sampled for tracing, else None.
+    trace: Any = None
 
     @property
     def requested_output_names(self) -> list[str]:

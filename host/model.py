@@ -57,6 +57,8 @@ class ModelVersion:
         self.scheduler: DirectScheduler | DynamicBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
+        self.tracing = False  # set once a request of this model was sampled (host.trace)
+        self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:

@@ -51,7 +51,12 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         responses = slot.instance.execute(requests)
     except Exception as exc:  # the backend's failure becomes each request's error
         responses, failure = None, exc
-    infer_ns, input_ns = time.perf_counter_ns() - called, called - start
+    returned = time.perf_counter_ns()
+    infer_ns, input_ns = returned - called, called - start
+    if model.tracing:  # a sampled request may be in this batch (host.trace)
+        for r in requests:
+            if r.trace is not None:
+                r.trace.compute(start, called, returned)
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
     report = getattr(slot.instance, "reported_statistics", None)
     reported = report() if report is not None else None
