@@ -19,6 +19,7 @@ from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError)
+from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
@@ -50,6 +51,9 @@ class Host:
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         self.manager = ModelManager(self.options.model_repositories, self.backends,
                                     self.options.model_control_mode, self._on_model_state)
+        self.latency_config = parse_metrics_config(self.options.metrics_config)
+        if self.latency_config.any:
+            self.manager.latency_config = self.latency_config
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
@@ -250,6 +254,7 @@ class Host:
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
         error: HostError | None = None
+        latency = stats.latency  # host.latency: None unless --metrics-config asks for it
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
             nonlocal error
@@ -259,6 +264,8 @@ class Host:
             if probe is not None and final:
                 probe.finish(response)  # stores a success with every output, before the filter
             if response is not None:
+                if latency is not None and latency.first_response is not None:
+                    _first_response(request, latency)
                 response.model_name, response.model_version, response.id = name, version, request.id
                 if response.error is not None:
                     error = response.error
@@ -355,6 +362,14 @@ class Host:
         if changes:
             return logsettings.update(changes)
         return logsettings.current().as_dict()
+
+
+def _first_response(request: InferenceRequest, latency: Any) -> None:
+    # nv_inference_first_response_histogram_ms: observed once per request (a decoupled model's
+    # later responses are not).
+    if not request.first_response_seen:
+        request.first_response_seen = True
+        latency.responded(time.perf_counter_ns() - request.enqueue_ns)
 
 
 def _after_final(response: InferenceResponse | None, final: bool) -> None:

@@ -67,6 +67,7 @@ class InferenceRequest:
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
     # A `host.trace.Trace` when this request was sampled for tracing, else None.
     trace: Any = None
+    first_response_seen: bool = False  # for the first-response histogram (host.latency)
 
     @property
     def requested_output_names(self) -> list[str]:

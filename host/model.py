@@ -137,6 +137,12 @@ class ModelVersion:
     def inflight(self) -> int:
         return self._inflight
 
+    def pending_requests(self) -> int:
+        """Requests scheduled and not executing yet, as the scheduler counts them (0 when it
+        has no such notion)."""
+        pending = getattr(self.scheduler, "pending", None)
+        return pending() if pending is not None else 0
+
     def metrics(self) -> list:
         """The backend model's own metric families (`host.backend.Model.metrics`)."""
         if self._model is None:

@@ -95,6 +95,7 @@ class DirectScheduler:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
         self._free: queue.SimpleQueue[InstanceSlot] = queue.SimpleQueue()
+        self._slots = len(slots)
         for slot in slots:
             self._free.put(slot)
 
@@ -107,6 +108,12 @@ class DirectScheduler:
                 execute_batch(self.model, slot, [request])
         finally:
             self._free.put(slot)
+
+    def pending(self) -> int:
+        """Requests waiting for a free instance (nv_inference_pending_request_count): those in
+        flight beyond the instances busy with one (counted at scrape time, not per request)."""
+        busy = self._slots - self._free.qsize()
+        return max(0, self.model.inflight - busy)
 
     def stop(self) -> None:
         """Nothing runs on its own threads."""
@@ -168,6 +175,10 @@ class DynamicBatcher:
             if self._queue:
                 self._cond.notify()  # let an idle instance start on what is left
             return batch
+
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
+        return len(self._queue)
 
     def stop(self) -> None:
         with self._cond:
