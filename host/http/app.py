@@ -105,7 +105,8 @@ class Model(_Resource):
 class Infer(_Resource):
     def __init__(self, host: Host, max_input_size: int) -> None:
         super().__init__(host, max_input_size)
-        self.forward = host.http_header_forwarder  # --http-header-forward-pattern, or None
+        # --http-header-forward-pattern (host.headers), or None
+        self.forward = getattr(host, "http_header_forwarder", None)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
         headers, resp.data = self.answer(req.env, model, _version(version))
