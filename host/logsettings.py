@@ -19,6 +19,7 @@ without one, INFO goes to stdout and warnings and errors to stderr. The file is 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -79,6 +80,8 @@ class _TritonHandler(logging.Handler):
             micros = int((record.created - seconds) * 1e6)
             preamble = f"{letter}{time.strftime('%m%d %H:%M:%S', t)}.{micros:06d} "
         message = record.getMessage()
+        if _ESCAPE:  # Triton writes each message as a JSON string (TRITON_SERVER_ESCAPE_LOG_MESSAGES)
+            message = json.dumps(message, ensure_ascii=False)
         if record.exc_info:
             message += "\n" + logging.Formatter().formatException(record.exc_info)
         pid = os.getpid()  # the gunicorn worker is a fork of the process that installed this
@@ -105,6 +108,8 @@ class _TritonHandler(logging.Handler):
 
 _lock = threading.Lock()
 _handler: _TritonHandler | None = None
+# As Triton: messages are JSON-escaped and quoted unless TRITON_SERVER_ESCAPE_LOG_MESSAGES=0.
+_ESCAPE = os.environ.get("TRITON_SERVER_ESCAPE_LOG_MESSAGES") != "0"
 
 
 def install(settings: LogSettings) -> None:

@@ -200,11 +200,11 @@ class Trace:
     __slots__ = ("id", "setting", "model_name", "model_version", "request_id", "stamps",
                  "tensors", "wall_offset", "compute_open")
 
-    def __init__(self, setting: _Setting, request: InferenceRequest) -> None:
+    def __init__(self, setting: _Setting, request: InferenceRequest, version: int) -> None:
         self.id = next(_ids)
         self.setting = setting
         self.model_name = request.model_name
-        self.model_version = request.model_version  # as requested: -1 for the default
+        self.model_version = version  # the version that serves it, as Triton reports
         self.request_id = request.id
         self.stamps: list[tuple[str, int]] = []
         self.tensors: list[tuple[str, Tensor]] = []
@@ -430,7 +430,7 @@ class TraceManager:
         setting = self._models.get(mv.name, self._global)
         if not setting.sample():
             return
-        trace = Trace(setting, request)
+        trace = Trace(setting, request, mv.version)
         trace.stamps += (("REQUEST_START", request.enqueue_ns),
                          ("QUEUE_START", time.perf_counter_ns()))
         if setting.level & TENSORS:
@@ -443,6 +443,8 @@ class TraceManager:
         def traced(response: InferenceResponse | None, final: bool) -> None:
             trace.respond(response, final)
             inner(response, final)
+            if response is not None:  # handed to the front end
+                trace.stamps.append(("INFER_RESPONSE_COMPLETE", time.perf_counter_ns()))
             if final:
                 trace.end()
 
@@ -643,6 +645,9 @@ class _OtelExporter:
         compute = None
         for name, ns in stamps:
             at = ns + wall
+            if name == "INFER_RESPONSE_COMPLETE":  # a front-end event: on the root, as Triton's
+                root.add_event(name, timestamp=at)
+                continue
             if name == "COMPUTE_START":
                 compute = tracer.start_span("compute", context=otel.set_span_in_context(model),
                                             kind=server, start_time=at)

@@ -41,7 +41,7 @@ def _log(server: ServerProcess, tag: str) -> None:
 
 
 def _lines(log_file: Path, tag: str) -> list[str]:
-    return [line for line in log_file.read_text().splitlines() if f"] {tag} " in line]
+    return [line for line in log_file.read_text().splitlines() if f'] "{tag} ' in line]
 
 
 def test_flags_file_levels_and_format(logged):
@@ -52,8 +52,8 @@ def test_flags_file_levels_and_format(logged):
         "log_verbose_level": 0, "log_format": "default"}
     _log(server, "t1")
     lines = wait_until(lambda: len(_lines(log_file, "t1")) == 2 and _lines(log_file, "t1"))
-    assert re.match(DEFAULT_LINE.format(level="I", message="t1 info"), lines[0]), lines
-    assert re.match(DEFAULT_LINE.format(level="E", message="t1 error"), lines[1]), lines
+    assert re.match(DEFAULT_LINE.format(level="I", message='"t1 info"'), lines[0]), lines
+    assert re.match(DEFAULT_LINE.format(level="E", message='"t1 error"'), lines[1]), lines
     # With a log file, nothing of the host's own logging goes to stdout/stderr.
     assert "t1 info" not in server.log_text() and "successfully loaded" not in server.log_text()
 
@@ -68,8 +68,8 @@ def test_settings_change_while_running(logged):
                       "log_error": True, "log_verbose_level": 1, "log_format": "ISO8601"}
     _log(server, "t2")
     lines = wait_until(lambda: len(_lines(log_file, "t2")) == 4 and _lines(log_file, "t2"))
-    for line, (level, message) in zip(lines, [("I", "t2 info"), ("W", "t2 warning"),
-                                               ("E", "t2 error"), ("I", "t2 verbose")]):
+    for line, (level, message) in zip(lines, [("I", '"t2 info"'), ("W", '"t2 warning"'),
+                                               ("E", '"t2 error"'), ("I", '"t2 verbose"')]):
         assert re.match(ISO_LINE.format(level=level, message=message), line), line
     # gRPC: typed values; off switches stop those lines at once.
     settings = grpc_client.update_log_settings({"log_info": False, "log_error": False,
@@ -80,7 +80,7 @@ def test_settings_change_while_running(logged):
     assert settings["log_file"] == {"string_param": str(log_file)}
     _log(server, "t3")
     lines = wait_until(lambda: _lines(log_file, "t3"))
-    assert len(lines) == 1 and re.match(DEFAULT_LINE.format(level="W", message="t3 warning"),
+    assert len(lines) == 1 and re.match(DEFAULT_LINE.format(level="W", message='"t3 warning"'),
                                         lines[0]), lines
     assert grpc_client.get_log_settings(as_json=True)["settings"]["log_error"] == {"bool_param": False}
     http.update_log_settings({"log_info": True, "log_error": True, "log_warning": False})
@@ -90,9 +90,9 @@ def test_settings_change_while_running(logged):
     ({"log_file": "elsewhere.log"}, "501",
      "log file location can not be updated through network protocol"),
     ({"log_format": "fancy"}, "400", "invalid argument for log_format, got: fancy"),
-    ({"log_info": "yes"}, "400", "Unable to parse 'log_info': expected a boolean"),
+    ({"log_info": "yes"}, "400", "attempt to access JSON non-boolean as boolean"),
     ({"log_verbose_level": -1}, "400",
-     "Unable to parse 'log_verbose_level': expected a non-negative integer"),
+     "attempt to access JSON non-unsigned-integer as unsigned-integer"),
 ])
 def test_http_errors(logged, settings, status, message):
     server, _ = logged
@@ -126,8 +126,10 @@ def test_grpc_errors(logged):
 
 
 def test_without_a_file_the_log_goes_to_the_console(tmp_path):
+    # TRITON_SERVER_ESCAPE_LOG_MESSAGES=0: messages as they are (Triton's switch), not JSON strings
     with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo",
-               "--log-info=false", "--log-format", "ISO8601") as server:
+               "--log-info=false", "--log-format", "ISO8601",
+               env={"TRITON_SERVER_ESCAPE_LOG_MESSAGES": "0"}) as server:
         assert httpclient.InferenceServerClient(server.url).get_log_settings()["log_info"] is False
         _log(server, "t4")
         text = wait_until(lambda: "t4 error" in server.log_text() and server.log_text())

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.modelhost_only
 
 MODELS = Path(__file__).resolve().parent / "obs_models"
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-         "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+         "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
 
 
 def _inputs(module=httpclient) -> list:
@@ -81,7 +81,7 @@ def test_rate_and_count_write_an_indexed_trace_file(traced):
     index0 = Path(f"{trace_file}.0")
     traces = _traces(_read(wait_until(lambda: index0.exists() and index0)))
     assert [t["head"] for t in traces.values()] == [
-        {"id": i, "model_name": "echo", "model_version": -1, "request_id": f"r{n}"}
+        {"id": i, "model_name": "echo", "model_version": 1, "request_id": f"r{n}"}
         for n, i in enumerate(sorted(traces))]
     for t in traces.values():
         names = [n for n, _ in t["stamps"]]
@@ -152,6 +152,8 @@ def test_tensor_level_records_inputs_and_outputs(traced, tmp_path):
     ({"trace_level": ["OFF", "TIMESTAMPS"]}, 400, "Expect only one trace level 'OFF' is specified"),
     ({"trace_rate": "abc"}, 400, "Unable to parse 'trace_rate', got: abc"),
     ({"trace_count": "-2"}, 400, "Unable to parse 'trace_count'. Expecting value >= -1, got:-2"),
+    ({"trace_rate": 5}, 400, "attempt to access JSON non-string as string"),
+    ({"trace_level": "TIMESTAMPS"}, 400, "attempt to access JSON non-array as array"),
     ({"trace_rate": "0"}, 400, "Attempting to set invalid trace setting :sample rate must be non-zero"),
     ({"trace_rate": "99999999999"}, 400,
      "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999"),
@@ -306,12 +308,14 @@ def test_opentelemetry_spans_reach_an_otlp_endpoint(collector):
         attributes = {a.key: a.value for a in model.attributes}
         request_ids.add(attributes["triton.request_id"].string_value)
         assert attributes["triton.model_name"].string_value == "echo"
-        assert attributes["triton.model_version"].int_value == -1
+        assert attributes["triton.model_version"].int_value == 1
         assert attributes["triton.trace_id"].int_value > 0
         assert [e.name for e in model.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
         assert [e.name for e in compute.events] == ORDER[2:6]
+        assert [e.name for e in root.events] == ["INFER_RESPONSE_COMPLETE"]
         times = [model.events[0].time_unix_nano, model.events[1].time_unix_nano,
-                 *(e.time_unix_nano for e in compute.events), model.events[2].time_unix_nano]
+                 *(e.time_unix_nano for e in compute.events), root.events[0].time_unix_nano,
+                 model.events[2].time_unix_nano]
         assert times == sorted(times) and start <= times[0] and times[-1] <= end
         assert root.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
         assert compute.end_time_unix_nano <= model.end_time_unix_nano <= root.end_time_unix_nano

@@ -329,13 +329,15 @@ class Trace(_Resource):
         doc = self.json_body(req)
         changes: dict[str, Any] = {}
         for key, value in doc.items():
+            # TritonJson's texts (Triton answers these with 500; a client's mistake is a 400 here)
             if key == "trace_level" and value is not None:
-                if not isinstance(value, list) or not all(type(v) is str for v in value):
-                    raise InvalidArgumentError(
-                        "Unable to parse 'trace_level': expected an array of strings")
+                if not isinstance(value, list):
+                    raise InvalidArgumentError("attempt to access JSON non-array as array")
+                if not all(type(v) is str for v in value):
+                    raise InvalidArgumentError("attempt to access JSON non-string as string")
             elif key in ("trace_rate", "trace_count", "log_frequency") and value is not None:
                 if type(value) is not str:
-                    raise InvalidArgumentError(f"Unable to parse '{key}': expected a string")
+                    raise InvalidArgumentError("attempt to access JSON non-string as string")
             changes[key] = value
         _json(resp, self.host.trace_setting(model, changes))
 
@@ -345,6 +347,10 @@ class Logging(_Resource):
 
     _TYPES = {"log_info": bool, "log_warning": bool, "log_error": bool, "log_verbose_level": int,
               "log_format": str}
+    # TritonJson's texts (Triton answers these with 500; a client's mistake is a 400 here)
+    _TYPE_ERRORS = {bool: "attempt to access JSON non-boolean as boolean",
+                    int: "attempt to access JSON non-unsigned-integer as unsigned-integer",
+                    str: "attempt to access JSON non-string as string"}
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _json(resp, self.host.log_settings())
@@ -356,8 +362,7 @@ class Logging(_Resource):
                 continue
             kind = self._TYPES.get(key)
             if kind is not None and (type(value) is not kind or (kind is int and value < 0)):
-                expected = {bool: "a boolean", int: "a non-negative integer", str: "a string"}[kind]
-                raise InvalidArgumentError(f"Unable to parse '{key}': expected {expected}")
+                raise InvalidArgumentError(self._TYPE_ERRORS[kind])
             changes[key] = value
         _json(resp, self.host.log_settings(changes))
 
