@@ -63,8 +63,10 @@ class Host:
         self.tracing = self.tracer.active
         self.tracer.on_change = self._tracing_changed
         # Header forwarding (host.headers): None unless a pattern was given.
-        self.http_header_forwarder = headers.forwarder(self.options.http_header_forward_pattern)
-        self.grpc_header_forwarder = headers.forwarder(self.options.grpc_header_forward_pattern)
+        # In OpenTelemetry trace mode they also take the W3C trace context (traceparent).
+        otel = self.tracer.mode == "opentelemetry"
+        self.http_header_forwarder = headers.forwarder(self.options.http_header_forward_pattern, otel)
+        self.grpc_header_forwarder = headers.forwarder(self.options.grpc_header_forward_pattern, otel)
         # Streams run their scheduler call here so responses reach the client while execute runs.
         self._stream_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="stream")
 

@@ -25,15 +25,27 @@ RESERVED_KEYS = frozenset(("sequence_id", "sequence_start", "sequence_end", "pri
                            "headers", "binary_data_output"))
 
 
+TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")  # W3C trace context (OpenTelemetry)
+
+
 class HeaderForwarder:
-    def __init__(self, pattern: str) -> None:
+    """Matching headers -> request parameters; with `trace_context`, also the W3C trace context
+    headers -> `request.trace_context` (OpenTelemetry trace mode: a propagated context forces the
+    request's trace, host.trace)."""
+
+    def __init__(self, pattern: str, trace_context: bool = False) -> None:
         self.pattern = pattern
-        self._regex = re.compile(pattern)
+        self.trace_context = trace_context
+        self._regex = re.compile(pattern) if pattern else None
 
     def apply(self, request: InferenceRequest, headers: Iterable[tuple[str, Any]]) -> None:
-        search = self._regex.search
+        search = self._regex.search if self._regex is not None else None
         for key, value in headers:
-            if not search(key):
+            if self.trace_context and key in TRACE_CONTEXT_KEYS:
+                if request.trace_context is None:
+                    request.trace_context = {}
+                request.trace_context[key] = value if isinstance(value, str) else value.decode()
+            if search is None or not search(key):
                 continue
             if key in RESERVED_KEYS or key.startswith("triton_"):
                 raise InvalidArgumentError(
@@ -43,10 +55,11 @@ class HeaderForwarder:
             request.parameters[key] = value
 
 
-def forwarder(pattern: str) -> HeaderForwarder | None:
-    """The forwarder for a flag's pattern; None when none was given (the front end then checks
-    one attribute per request and does nothing else)."""
-    return HeaderForwarder(pattern) if pattern else None
+def forwarder(pattern: str, trace_context: bool = False) -> HeaderForwarder | None:
+    """The forwarder for a flag's pattern (and the trace context headers in OpenTelemetry trace
+    mode); None when there is nothing to take from headers: the front end then checks one
+    attribute per request and does nothing else."""
+    return HeaderForwarder(pattern, trace_context) if pattern or trace_context else None
 
 
 def wsgi_headers(env: dict[str, Any]) -> Iterable[tuple[str, str]]:

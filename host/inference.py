@@ -68,6 +68,9 @@ class InferenceRequest:
     # A `host.trace.Trace` when this request was sampled for tracing, else None.
     trace: Any = None
     first_response_seen: bool = False  # for the first-response histogram (host.latency)
+    # The request's W3C trace context headers (traceparent, tracestate), taken by the front end
+    # only in OpenTelemetry trace mode (host.headers).
+    trace_context: dict[str, str] | None = None
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -198,7 +198,7 @@ class Trace:
     """The record of one sampled request: its activities in order, then written or exported."""
 
     __slots__ = ("id", "setting", "model_name", "model_version", "request_id", "stamps",
-                 "tensors", "wall_offset", "compute_open")
+                 "tensors", "wall_offset", "compute_open", "parent")
 
     def __init__(self, setting: _Setting, request: InferenceRequest, version: int) -> None:
         self.id = next(_ids)
@@ -212,6 +212,7 @@ class Trace:
         # time_offset_ does)
         self.wall_offset = time.time_ns() - time.perf_counter_ns()
         self.compute_open = False
+        self.parent: Any = None  # a propagated OpenTelemetry context, if the request had one
 
     def compute(self, start: int, input_end: int, output_start: int) -> None:
         """The execute that served the request (called by the scheduler before it responds)."""
@@ -336,15 +337,20 @@ class _Setting:
             self.reason = ""
 
     def can_sample(self) -> bool:
-        return not self.reason
+        """Whether a request could be traced: by sampling, or (OpenTelemetry, even at rate 0,
+        Triton's way of tracing only those) because it carries a trace context."""
+        return not self.reason or (self.mode == "opentelemetry" and self.level != OFF)
 
     def valid(self) -> bool:
         return not self.reason and self.count != 0
 
-    def sample(self) -> bool:
-        """Triton's TraceSetting::SampleTrace: every rate-th request while count lasts."""
+    def sample(self, forced: bool = False) -> bool:
+        """Triton's TraceSetting::SampleTrace: every rate-th request while count lasts; a
+        `forced` one (it carries an OpenTelemetry trace context) is traced whatever the count."""
         with self._lock:
-            if self.rate == 0 or not self.valid():
+            if self.rate == 0:
+                return forced
+            if not self.valid() and not forced:
                 return False
             self._sampled += 1
             hit = self._sampled % self.rate == 0
@@ -352,7 +358,7 @@ class _Setting:
                 self.count -= 1
             elif hit and self.count == 0:
                 hit = False
-            return hit
+            return hit or forced
 
     def finish(self, trace: Trace) -> None:
         if self.mode == "opentelemetry":
@@ -428,9 +434,15 @@ class TraceManager:
         """Sample `request` with its model's setting; a sampled request gets a `Trace` (stamped
         REQUEST_START and QUEUE_START) and its callback records the rest."""
         setting = self._models.get(mv.name, self._global)
-        if not setting.sample():
+        # A propagated OpenTelemetry context (traceparent) forces the trace, as in Triton.
+        parent = None
+        if request.trace_context is not None and setting.mode == "opentelemetry" \
+                and setting.level != OFF and self.exporter is not None:
+            parent = self.exporter.extract(request.trace_context)
+        if not setting.sample(parent is not None):
             return
         trace = Trace(setting, request, mv.version)
+        trace.parent = parent
         trace.stamps += (("REQUEST_START", request.enqueue_ns),
                          ("QUEUE_START", time.perf_counter_ns()))
         if setting.level & TENSORS:
@@ -627,6 +639,15 @@ class _OtelExporter:
             schedule_delay_millis=bsp.get("bsp_schedule_delay", 5000),
             max_export_batch_size=bsp.get("bsp_max_export_batch_size", 512)))
         self._tracer = self._provider.get_tracer(TRACER_NAME)
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._propagator = TraceContextTextMapPropagator()  # W3C traceparent, as Triton's
+
+    def extract(self, carrier: dict[str, str]) -> Any:
+        """The remote parent a request's traceparent/tracestate describe, or None if invalid."""
+        context = self._propagator.extract(carrier)
+        span_context = self._otel.get_current_span(context).get_span_context()
+        return context if span_context.is_valid else None
 
     def export(self, trace: Trace) -> None:
         otel, tracer = self._otel, self._tracer
@@ -634,7 +655,8 @@ class _OtelExporter:
         wall = trace.wall_offset
         stamps = trace.stamps
         first = stamps[0][1] + wall
-        root = tracer.start_span("InferRequest", kind=server, start_time=first)
+        root = tracer.start_span("InferRequest", context=trace.parent, kind=server,
+                                 start_time=first)
         attributes = {"triton.model_name": trace.model_name,
                       "triton.model_version": trace.model_version,
                       "triton.trace_id": trace.id, "triton.trace_parent_id": 0}

@@ -220,6 +220,10 @@ def test_deprecated_flags_and_shutdown_write_the_main_file(tmp_path):
 
 # --- OpenTelemetry ---------------------------------------------------------------------------
 
+REMOTE_TRACE = "0af7651916cd43dd8448eb211c80319c"
+REMOTE_SPAN, REMOTE_SPAN_GRPC = "b7ad6b7169203331", "00f067aa0ba902b7"
+
+
 class _Collector(ThreadingHTTPServer):
     """An OTLP/HTTP trace receiver: decodes every ExportTraceServiceRequest posted to it."""
 
@@ -290,9 +294,26 @@ def test_opentelemetry_spans_reach_an_otlp_endpoint(collector):
         end = time.time_ns()
         wait_until(lambda: len(collector.spans()) >= 6, timeout=20,
                    message="the server exported no spans")
+        # A propagated W3C context forces the trace even when sampling would skip the request.
+        http = httpclient.InferenceServerClient(server.url)
+        http.update_trace_settings(settings={"trace_rate": "1000"})
+        http.infer("echo", _inputs(), request_id="otel-skipped")
+        http.infer("echo", _inputs(), request_id="otel-ctx",
+                   headers={"traceparent": f"00-{REMOTE_TRACE}-{REMOTE_SPAN}-01"})
+        grpcclient.InferenceServerClient(server.grpc_url).infer(
+            "echo", _inputs(grpcclient), request_id="otel-ctx-grpc",
+            headers={"traceparent": f"00-{REMOTE_TRACE}-{REMOTE_SPAN_GRPC}-01"})
+        wait_until(lambda: len(collector.spans()) >= 12, timeout=20)
     assert set(collector.paths) == {"/v1/traces"}
     spans = collector.spans()
-    assert len(spans) == 6
+    assert len(spans) == 12
+    for parent in (REMOTE_SPAN, REMOTE_SPAN_GRPC):
+        (remote,) = [s for _, _, s in spans if s.parent_span_id.hex() == parent]
+        assert remote.name == "InferRequest" and remote.trace_id.hex() == REMOTE_TRACE
+    remote_spans = [s for _, _, s in spans if s.trace_id.hex() == REMOTE_TRACE]
+    assert sorted(s.name for s in remote_spans) == ["InferRequest", "InferRequest", "compute",
+                                                    "compute", "echo", "echo"]
+    spans = [x for x in spans if x[2].trace_id.hex() != REMOTE_TRACE]
     assert {r["service.name"] for r, _, _ in spans} == {"modelhost-test"}
     assert {scope for _, scope, _ in spans} == {"triton-server"}
     by_id = {s.span_id: s for _, _, s in spans}
