@@ -54,8 +54,12 @@ def test_flags_file_levels_and_format(logged):
     lines = wait_until(lambda: len(_lines(log_file, "t1")) == 2 and _lines(log_file, "t1"))
     assert re.match(DEFAULT_LINE.format(level="I", message='"t1 info"'), lines[0]), lines
     assert re.match(DEFAULT_LINE.format(level="E", message='"t1 error"'), lines[1]), lines
-    # With a log file, nothing of the host's own logging goes to stdout/stderr.
+    # With a log file, nothing of the server's logging goes to stdout/stderr (gunicorn's own
+    # lines included: they are in the file, in Triton's format).
     assert "t1 info" not in server.log_text() and "successfully loaded" not in server.log_text()
+    assert "Booting worker" not in server.log_text()
+    assert re.search(r'^I\d{4} [\d:.]+ \d+ \w+\.py:\d+\] "Booting worker with pid: \d+"$',
+                     log_file.read_text(), re.M)
 
 
 def test_settings_change_while_running(logged):
