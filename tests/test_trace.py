@@ -348,3 +348,37 @@ def test_trace_config_errors_stop_the_server_at_start():
     with pytest.raises(Exception, match="invalid value for trace level option: loud"):
         server.start(timeout=30)
     server.stop()
+
+
+def test_aio_clients(traced):
+    """tritonclient's asyncio clients (HTTP and gRPC) read and change trace and log settings."""
+    import asyncio
+
+    import tritonclient.grpc.aio as grpcaio
+    import tritonclient.http.aio as httpaio
+
+    server, _ = traced
+
+    async def run() -> None:
+        http = httpaio.InferenceServerClient(server.url)
+        grpc_client = grpcaio.InferenceServerClient(server.grpc_url)
+        try:
+            answer = await http.update_trace_settings(model_name="echo",
+                                                      settings={"trace_rate": "7"})
+            assert answer["trace_rate"] == "7"
+            got = await grpc_client.get_trace_settings(model_name="echo", as_json=True)
+            assert got["settings"]["trace_rate"] == {"value": ["7"]}
+            cleared = await grpc_client.update_trace_settings(
+                model_name="echo", settings={"trace_rate": None}, as_json=True)
+            assert cleared["settings"]["trace_rate"] == (await grpc_client.get_trace_settings(
+                as_json=True))["settings"]["trace_rate"]
+            logs = await http.update_log_settings({"log_verbose_level": 2})
+            assert logs["log_verbose_level"] == 2
+            grpc_logs = await grpc_client.update_log_settings({"log_verbose_level": 0}, as_json=True)
+            assert grpc_logs["settings"]["log_verbose_level"] == {"uint32_param": 0}
+            assert (await http.get_log_settings())["log_verbose_level"] == 0
+        finally:
+            await http.close()
+            await grpc_client.close()
+
+    asyncio.run(run())
