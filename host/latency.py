@@ -73,7 +73,7 @@ class LatencyConfig:
 
 def parse_metrics_config(settings: dict[str, str]) -> LatencyConfig:
     """Triton's --metrics-config settings (unknown ones are ignored, as Triton does)."""
-    quantiles = DEFAULT_QUANTILES
+    quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
     if "summary_quantiles" in settings:
         parsed = _quantiles(settings["summary_quantiles"])
         if parsed:

@@ -129,11 +129,13 @@ def install(settings: LogSettings) -> None:
     logging.captureWarnings(True)
 
 
+_detached = LogSettings()  # answered while nothing was installed (an embedder's own logging)
+
+
 def current() -> LogSettings:
-    if _handler is None:
-        install(LogSettings())
-    assert _handler is not None
-    return _handler.settings
+    """The live settings. `modelhost serve` installs the handler; an application that embeds
+    the host (host.wsgi) keeps its own logging, and the extension then only records settings."""
+    return _handler.settings if _handler is not None else _detached
 
 
 def update(changes: dict[str, Any]) -> dict[str, Any]:

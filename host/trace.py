@@ -156,6 +156,8 @@ def parse_config(settings: list[tuple[str, str, str]], deprecated: dict[str, Any
                 cfg.mode = _parse_mode(value)
             elif key == "count":
                 cfg.count = _int(value, -_INT32_MAX - 1, _INT32_MAX)
+            elif key in ("log-frequency", "log_frequency"):  # a triton-mode setting, given bare
+                cfg.log_frequency = _int(value, 0, _INT32_MAX)
         except ValueError as exc:
             raise ValueError(f'Bad option: "--trace-config {key}".\n{exc}') from None
     for mode, key, value in settings:
@@ -657,7 +659,7 @@ class _OtelExporter:
         first = stamps[0][1] + wall
         root = tracer.start_span("InferRequest", context=trace.parent, kind=server,
                                  start_time=first)
-        attributes = {"triton.model_name": trace.model_name,
+        attributes: dict[str, Any] = {"triton.model_name": trace.model_name,
                       "triton.model_version": trace.model_version,
                       "triton.trace_id": trace.id, "triton.trace_parent_id": 0}
         if trace.request_id:
