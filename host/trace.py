@@ -632,11 +632,12 @@ class _OtelExporter:
                 attributes[name] = val
             elif key.startswith("bsp_"):
                 bsp[key] = int(value)
-        self.url = url
+        # Triton's users often give host:port/path (its exporter defaults to http): do the same.
+        self.url = url if "://" in url else "http://" + url
         self._otel = otel_trace
         self._provider = TracerProvider(resource=Resource.create(attributes))
         self._provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=url),
+            OTLPSpanExporter(endpoint=self.url),
             max_queue_size=bsp.get("bsp_max_queue_size", 2048),
             schedule_delay_millis=bsp.get("bsp_schedule_delay", 5000),
             max_export_batch_size=bsp.get("bsp_max_export_batch_size", 512)))

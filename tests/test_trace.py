@@ -275,7 +275,7 @@ def collector() -> Iterator[_Collector]:
 
 
 def test_opentelemetry_spans_reach_an_otlp_endpoint(collector):
-    url = f"http://127.0.0.1:{collector.server_address[1]}/v1/traces"
+    url = f"127.0.0.1:{collector.server_address[1]}/v1/traces"  # no scheme, as Triton's users write
     with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo",
                "--trace-config", "mode=opentelemetry", "--trace-config", f"opentelemetry,url={url}",
                "--trace-config", "opentelemetry,resource=service.name=modelhost-test",
