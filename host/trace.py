@@ -274,6 +274,9 @@ def _tensor_data(tensor: Tensor) -> str:
                         + '"' for v in flat)
     if tensor.datatype == "BOOL":
         return ",".join("1" if v else "0" for v in flat)
+    if tensor.datatype in ("FP32", "FP64"):
+        return ",".join(f"{v:g}" for v in flat.tolist())  # C++ ostream's default: 0, 0.5, 1e+06
+    # Integers as numbers (Triton's ostream writes INT8/UINT8 elements as characters)
     return ",".join(str(v) for v in flat.tolist())
 
 

@@ -139,8 +139,8 @@ def test_tensor_level_records_inputs_and_outputs(traced, tmp_path):
     assert [n for n, _ in trace["stamps"]] == ORDER
     by_activity = {(t["activity"], t["tensor"]["name"]): t["tensor"] for t in trace["tensors"]}
     assert by_activity[("TENSOR_QUEUE_INPUT", "IN")] == {
-        "name": "IN", "data": "0.0,1.0,2.0", "shape": "3", "dtype": "FP32"}
-    assert by_activity[("TENSOR_BACKEND_OUTPUT", "OUT")]["data"] == "0.0,1.0,2.0"
+        "name": "IN", "data": "0,1,2", "shape": "3", "dtype": "FP32"}
+    assert by_activity[("TENSOR_BACKEND_OUTPUT", "OUT")]["data"] == "0,1,2"
     client.update_trace_settings(model_name="echo", settings={
         "trace_level": None, "trace_count": None, "log_frequency": None})
     assert client.get_trace_settings(model_name="echo") == client.get_trace_settings()
