@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from host.trace import TraceConfig
+if TYPE_CHECKING:
+    from host.trace import TraceConfig
 
 CONTROL_MODES = ("none", "explicit", "poll")
 

@@ -34,8 +34,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from host.errors import InvalidArgumentError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -265,6 +263,8 @@ def _tensor_json(trace_id: int, activity: str, tensor: Tensor) -> str:
 
 def _tensor_data(tensor: Tensor) -> str:
     """Elements comma-separated as Triton writes them (FP16/BF16: empty, BYTES: quoted)."""
+    import numpy as np
+
     data = tensor.data
     if data is None or tensor.datatype in ("FP16", "BF16"):
         return ""
