@@ -71,6 +71,15 @@ class InferenceRequest:
     # The request's W3C trace context headers (traceparent, tracestate), taken by the front end
     # only in OpenTelemetry trace mode (host.headers).
     trace_context: dict[str, str] | None = None
+    shm_regions: list[Any] | None = None  # acquired by the host, released after the final response
+    # The front end that decoded the request ("http" or "grpc"): the few rules Triton words or
+    # applies differently per protocol (host.parameters, host.classification) look at it.
+    protocol: str = ""
+    # Classification extension: k by output name (host.classification), set by the host.
+    classification: dict[str, int] | None = None
+    # HTTP raw binary request: the one input's raw bytes, its name and shape still to be
+    # deduced from the model configuration (host.raw_input).
+    raw_input: bool = False
 
     @property
     def requested_output_names(self) -> list[str]:
