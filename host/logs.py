@@ -1,9 +1,8 @@
-"""Logging for `modelhost serve`: text or JSON lines, request ids, request-level detail.
+"""JSON log lines, request ids, and request-level detail for `modelhost serve`.
 
-- `configure()` sets the root logger once, in the gunicorn master; the worker inherits it, and
-  gunicorn's own messages go through it too (`GunicornLogger`), so a JSON log has no text lines.
-- JSON: one object per line: `time`, `level`, `logger`, `message`, `pid`, and `request_id` on
-  the lines of a request (a field of the record, set by `request_log`), `exc` with a traceback.
+- `JsonFormatter` (--log-format json, through host.logsettings' handler): one object per line:
+  `time`, `level`, `logger`, `message`, `pid`, the request fields below on a request's line, and
+  `exc` with a traceback.
 - `--log-verbose 1` adds a line per HTTP request (`RequestLog`, a WSGI middleware) and per gRPC
   call (host.grpc.server), each with its request id: the client's `X-Request-ID` header or gRPC
   metadata `x-request-id` when given, else a fresh one.
@@ -18,10 +17,6 @@ import time
 import uuid
 from typing import Any, Callable, Iterable
 
-from gunicorn import glogging
-
-FORMATS = ("default", "ISO8601", "json")
-_TEXT = "%(asctime)s %(levelname).1s %(name)s] %(message)s"
 _REQUEST_LOG = logging.getLogger("host.request")
 
 
@@ -42,40 +37,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False, default=str)
-
-
-class _IsoFormatter(logging.Formatter):
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + \
-            f".{int(record.msecs):03d}Z"
-
-
-def configure(log_format: str = "default", verbose: int = 0, info: bool = True) -> None:
-    """The root logger for the server: one stderr handler in `log_format`."""
-    if log_format == "json":
-        formatter: logging.Formatter = JsonFormatter()
-    elif log_format == "ISO8601":
-        formatter = _IsoFormatter(_TEXT)
-    else:
-        formatter = logging.Formatter(_TEXT)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else (logging.INFO if info else logging.WARNING))
-
-
-class GunicornLogger(glogging.Logger):
-    """gunicorn's messages through the root handler (so in the server's format), never its own."""
-
-    def setup(self, cfg: Any) -> None:
-        super().setup(cfg)
-        for logger in (self.error_log, self.access_log):
-            for handler in list(logger.handlers):
-                logger.removeHandler(handler)
-            logger.propagate = True
 
 
 def new_request_id() -> str:
@@ -134,6 +95,8 @@ def log_grpc_call(method: str, metadata: Any, peer: Any) -> None:
 
 
 def flush() -> None:
+    """Everything logged so far is out (before the worker leaves with os._exit)."""
     for handler in logging.getLogger().handlers:
         handler.flush()
+    sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.glogging import Logger as GunicornLogger
 
 from host import logs, startup
 from host.options import ServerOptions
@@ -38,13 +39,33 @@ class _GracefulArbiter(Arbiter):
         super().halt(reason, exit_status)
 
 
-class _QuietBootError(logging.Filter):
-    """Drops gunicorn's "Worker exited with code 3": the worker's own line said why."""
+class _QuietGunicorn(logging.Filter):
+    """Drops gunicorn's lines that say nothing the server does not say better: "Worker exited
+    with code 3" (the worker's own line said why), and unless verbose, its start-up lines
+    ("Listening at", ...: the endpoints table once ready)."""
+
+    _START_UP = ("Starting gunicorn %s", "Listening at: %s (%s)", "Using worker: %s")
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == "Worker (pid:%s) exited with code %s."
-                    and isinstance(record.args, tuple)
-                    and record.args[-1] == Arbiter.WORKER_BOOT_ERROR)
+        if record.msg == "Worker (pid:%s) exited with code %s.":
+            return not (isinstance(record.args, tuple)
+                        and record.args[-1] == Arbiter.WORKER_BOOT_ERROR)
+        return self.verbose or record.msg not in self._START_UP
+
+
+class _ServerLog(GunicornLogger):
+    """gunicorn's own messages go through the server's log (host.logsettings): Triton's format,
+    the --log-file, the level switches."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in list(self.error_log.handlers):
+            self.error_log.removeHandler(handler)
+        self.error_log.propagate = True
 
 
 class ServerApplication(BaseApplication):
@@ -66,14 +87,13 @@ class ServerApplication(BaseApplication):
             "graceful_timeout": int(o.exit_timeout_secs),
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
             "accesslog": None,
-            # gunicorn's own start-up lines ("Listening at", "Booting worker") only when verbose:
-            # the server logs its endpoints itself once ready (host.startup.log_summary).
-            # (its debug level, a dump of its configuration, from --log-verbose 2)
-            "loglevel": ("debug" if o.log_verbose > 1 else "info") if o.log_verbose else "warning",
-            "logger_class": logs.GunicornLogger,
+            # its debug level (a dump of its configuration) from --log-verbose 2; _QuietGunicorn
+            # drops its start-up lines unless verbose
+            "loglevel": "debug" if o.log_verbose > 1 else "info",
             "post_worker_init": _graceful_worker_sigint,
             "worker_exit": self._worker_exit,
             "proc_name": "modelhost",
+            "logger_class": _ServerLog,
             "control_socket_disable": True,  # several servers may run side by side
         }
         for key, value in settings.items():
@@ -165,6 +185,6 @@ def serve(options: ServerOptions) -> int:
     except startup.StartupError as exc:
         startup.log.error("%s", exc)
         return 1
-    logging.getLogger("gunicorn.error").addFilter(_QuietBootError())
+    logging.getLogger("gunicorn.error").addFilter(_QuietGunicorn(options.log_verbose > 0))
     ServerApplication(options).run()
     return 0

@@ -137,8 +137,10 @@ def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
         log.warning("this modelhost was installed without its native bridge (no C compiler at "
                     "install): native Triton backends and caches (libtriton_*.so) cannot load. "
                     "Install gcc and Python's headers, then reinstall modelhost to have them")
-    log.info("models:\n%s", table(("Model", "Version", "Status", "Reason"), rows) if rows else "  none")
-    log.info("endpoints:\n%s", table(("Endpoint", "Address"), listening))
+    # tables are logged as they are, not escaped (as Triton's: host.logsettings)
+    log.info("models:\n%s", table(("Model", "Version", "Status", "Reason"), rows) if rows else "  none",
+             extra={"raw": True})
+    log.info("endpoints:\n%s", table(("Endpoint", "Address"), listening), extra={"raw": True})
 
 
 def listening_rows(options: ServerOptions, grpc: Any, metrics: Any) -> list[tuple[str, str]]:
