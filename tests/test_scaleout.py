@@ -205,6 +205,7 @@ def test_a_replica_killed_mid_load_costs_only_its_in_flight_requests(lab, report
     victim = lab.replicas[1]
     with Load(lab, http_threads=3, grpc_threads=1, max_seconds=60) as load:
         load.wait_for(150)
+        in_flight = lab.current_sessions(victim)  # what HAProxy had on it just before
         victim.kill()
         # the replica is dead and reaped; a response it sent just before may still be on its way
         dead_at = time.monotonic() + 0.5
@@ -213,7 +214,8 @@ def test_a_replica_killed_mid_load_costs_only_its_in_flight_requests(lab, report
     after = [name for t, name in load.ok if t > dead_at]
     in_flight_bound = load.http_threads + load.grpc_threads
     report(f"kill: {len(load.ok)} requests ok, {len(load.failures)} failed "
-          f"(bound: {in_flight_bound} in flight), served after the kill: {dict(Counter(after))}; "
+          f"({in_flight} in flight on the replica just before the kill; bound: the "
+          f"{in_flight_bound} client threads), served after the kill: {dict(Counter(after))}; "
           f"failures: {[f for _, f in load.failures][:5]}")
     assert len(load.failures) <= in_flight_bound
     assert "r1" not in after                     # nothing is answered by the dead replica
