@@ -65,6 +65,8 @@ class InferenceRequest:
     # None until the host binds it); `shm_outputs` maps output names to (region, offset, size).
     uses_shm: bool = False
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
+    # A BLS request: the instances its callers hold while they wait for it (host.bls).
+    held: tuple[Any, ...] = ()
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
+from host import bls
 from host.errors import CancelledError, HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse
 
@@ -47,10 +48,13 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         rows += r.batch_size
     called = time.perf_counter_ns()
     failure: Exception | None = None
+    held = bls.HELD.set(bls.HELD.get() + (slot,))  # for BLS calls made by this execute
     try:
         responses = slot.instance.execute(requests)
     except Exception as exc:  # the backend's failure becomes each request's error
         responses, failure = None, exc
+    finally:
+        bls.HELD.reset(held)
     infer_ns, input_ns = time.perf_counter_ns() - called, called - start
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
     report = getattr(slot.instance, "reported_statistics", None)
@@ -86,14 +90,27 @@ def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:
             r.respond(InferenceResponse(error=err), True)
 
 
+def _run_reentrant(model: ModelVersion, slots: list[InstanceSlot], request: InferenceRequest) -> bool:
+    """A BLS request whose callers hold every instance of `model` runs now, on the innermost
+    caller's instance, instead of waiting for an instance that cannot come free (host.bls)."""
+    slot = bls.reentrant_slot(slots, request.held)
+    if slot is None:
+        return False
+    execute_batch(model, slot, [request])
+    return True
+
+
 class DirectScheduler:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
+        self._slots = list(slots)
         self._free: queue.SimpleQueue[InstanceSlot] = queue.SimpleQueue()
         for slot in slots:
             self._free.put(slot)
 
     def submit(self, request: InferenceRequest) -> None:
+        if request.held and _run_reentrant(self.model, self._slots, request):
+            return
         slot = self._free.get()
         try:
             if request.is_cancelled():
@@ -111,6 +128,7 @@ class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
                  preferred: Sequence[int], max_delay_us: int) -> None:
         self.model = model
+        self._slots = list(slots)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
@@ -125,6 +143,8 @@ class DynamicBatcher:
             t.start()
 
     def submit(self, request: InferenceRequest) -> None:
+        if request.held and _run_reentrant(self.model, self._slots, request):
+            return
         with self._cond:
             self._queue.append(request)
             self._rows += request.batch_size
