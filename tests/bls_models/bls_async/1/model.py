@@ -25,7 +25,7 @@ def bls_request(spec, in0):
         requested_output_names=spec.get("outputs", ["OUTPUT0"]), **kwargs)
 
 
-def describe(responses, spec, in0):
+def describe(responses, spec, in0, sent=None):
     result, outs = [], []
     for r in responses:
         entry = {"outputs": sorted(t.name() for t in r.output_tensors()),
@@ -36,6 +36,8 @@ def describe(responses, spec, in0):
             entry["code"] = int(r.error().code())
         t = pb_utils.get_output_tensor_by_name(r, spec.get("out", "OUTPUT0"))
         if t is not None:
+            if sent is not None:  # did the callee's output come back as the very array we sent?
+                entry["same_memory"] = t.as_numpy().ctypes.data == sent.as_numpy().ctypes.data
             outs.append(t.as_numpy().astype(np.float32).reshape(-1))
             entry["nested"] = _nested(r)
         result.append(entry)
@@ -74,6 +76,8 @@ class TritonPythonModel:
             spec = json.loads(pb_utils.get_input_tensor_by_name(request, "SPEC").as_numpy()[0])
             in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             out0 = in0
+            if "fail" in spec:  # the callee's own failure, for the error tests
+                raise ValueError(spec["fail"])
             try:
                 if spec.get("op", "infer") != "infer":
                     result = control(spec)

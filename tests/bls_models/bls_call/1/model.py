@@ -25,7 +25,7 @@ def bls_request(spec, in0):
         requested_output_names=spec.get("outputs", ["OUTPUT0"]), **kwargs)
 
 
-def describe(responses, spec, in0):
+def describe(responses, spec, in0, sent=None):
     result, outs = [], []
     for r in responses:
         entry = {"outputs": sorted(t.name() for t in r.output_tensors()),
@@ -36,6 +36,8 @@ def describe(responses, spec, in0):
             entry["code"] = int(r.error().code())
         t = pb_utils.get_output_tensor_by_name(r, spec.get("out", "OUTPUT0"))
         if t is not None:
+            if sent is not None:  # did the callee's output come back as the very array we sent?
+                entry["same_memory"] = t.as_numpy().ctypes.data == sent.as_numpy().ctypes.data
             outs.append(t.as_numpy().astype(np.float32).reshape(-1))
             entry["nested"] = _nested(r)
         result.append(entry)
@@ -71,6 +73,8 @@ class TritonPythonModel:
             spec = json.loads(pb_utils.get_input_tensor_by_name(request, "SPEC").as_numpy()[0])
             in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             out0 = in0
+            if "fail" in spec:  # the callee's own failure, for the error tests
+                raise ValueError(spec["fail"])
             try:
                 if spec.get("op", "infer") != "infer":
                     result = control(spec)
@@ -78,7 +82,8 @@ class TritonPythonModel:
                     result, out0 = describe(list(bls_request(spec, in0).exec(decoupled=True)),
                                             spec, in0)
                 else:
-                    result, out0 = describe([bls_request(spec, in0).exec()], spec, in0)
+                    call = bls_request(spec, in0)
+                    result, out0 = describe([call.exec()], spec, in0, call.inputs()[0])
             except Exception as exc:  # TritonModelException from the API itself
                 result = {"raised": str(exc)}
             responses.append(respond(result, out0))
