@@ -201,7 +201,7 @@ def test_busy_callee_instances_make_calls_wait_not_deadlock(http):
 
 def test_a_call_to_a_cached_model_is_served_from_the_cache(http):
     x = np.array([42.0, 43.0], dtype=np.float32)
-    first, _ = call(http, {"model": "identity_cached"}, x=x)
+    call(http, {"model": "identity_cached"}, x=x)
     second, out = call(http, {"model": "identity_cached"}, x=x)
     assert "error" not in second[0] and out.tolist() == x.tolist()
     stats = http.get_inference_statistics("identity_cached")["model_stats"][0]["inference_stats"]

@@ -46,7 +46,7 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
-def _model(repo: Path, name: str, config: str, files: dict[str, str | bytes] = {}) -> None:
+def _model(repo: Path, name: str, config: str, files: dict[str, str | bytes]) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(config)
     for rel, content in files.items():
@@ -58,8 +58,7 @@ def _model(repo: Path, name: str, config: str, files: dict[str, str | bytes] = {
 def test_a_native_backend_calls_other_models_through_the_server_api(tmp_path):
     lib = build_library(HERE / "native" / "bls.c", tmp_path / "libtriton_bls.so")
     repo = tmp_path / "models"
-    _model(repo, "native_bls", f'backend: "bls"\n{INT32_IO}',
-           {"libtriton_bls.so": lib.read_bytes()})
+    _model(repo, "native_bls", f'backend: "bls"\n{INT32_IO}', {"libtriton_bls.so": lib.read_bytes()})
     _model(repo, "py_int32", f'backend: "python"\n{INT32_IO}', {"1/model.py": PY_INT32})
     with serve(repo) as server:
         client = httpclient.InferenceServerClient(server.url)
@@ -135,7 +134,7 @@ def triton_python_env(folder: Path, tmp: Path) -> dict[str, str]:
     import subprocess
 
     needed = subprocess.run(["readelf", "-d", str(folder / "libtriton_python.so")],
-                            capture_output=True, text=True).stdout
+                            capture_output=True, text=True, check=True).stdout
     soname = next((w.strip("[]") for line in needed.splitlines() if "NEEDED" in line
                    for w in line.split() if w.startswith("[libtritonserver")), "libtritonserver.so")
     standin = tmp / "standin"

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from host import datatypes
+from host.backends.python import bls as _bls  # uses this module only inside its functions
 from host.proto import model_config_pb2
 
 __all__ = [
@@ -579,22 +580,15 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Send this request to its model and wait: the response, or with `decoupled=True` an
         iterator over every response (the last one carries the final flag)."""
-        return _bls().execute(self, decoupled)
+        return _bls.execute(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` for `async def execute`: awaitable, several may run at once (asyncio.gather)."""
-        return await _bls().execute_async(self, decoupled)
+        return await _bls.execute_async(self, decoupled)
 
 
-def _bls() -> Any:
-    from host.backends.python import bls  # imported late: it imports this module
-    return bls
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ResponseIterator":  # the iterator a decoupled BLS call returns
-        return _bls().ResponseIterator
-    raise AttributeError(name)
+# The iterator a decoupled BLS call returns.
+ResponseIterator = _bls.ResponseIterator
 
 
 # --- responses -------------------------------------------------------------------------------
