@@ -35,7 +35,7 @@ def server():
 
 @pytest.fixture
 def http(server):
-    client = httpclient.InferenceServerClient(server.url, concurrency=8)
+    client = httpclient.InferenceServerClient(server.url)
     yield client
     client.close()
 
@@ -62,7 +62,7 @@ def call(client, spec: dict, model: str = "bls_call", x: np.ndarray = X) -> tupl
 
 @pytest.mark.parametrize("driver", ["bls_call", "bls_async"])
 def test_a_call_passes_inputs_request_fields_and_parameters(http, grpc, driver):
-    spec = {"model": "identity_fp32", "request_id": "abc", "correlation_id": 7,
+    spec = {"model": "identity_fp32", "request_id": "abc", "correlation_id": 7, "timeout": 5000,
             "parameters": {"p": 1, "s": "x", "b": True}}
     for client in (http, grpc):
         result, out = call(client, spec, driver)
@@ -71,7 +71,8 @@ def test_a_call_passes_inputs_request_fields_and_parameters(http, grpc, driver):
         assert "error" not in response
         assert response["outputs"] == ["OUTPUT0"]
         assert response["params"] == {"p": 1, "s": "x", "b": True, "seen_id": "abc",
-                                      "seen_correlation_id": 7, "seen_flags": 0}
+                                      "seen_correlation_id": 7, "seen_flags": 0,
+                                      "seen_timeout": 5000}
     result, _ = call(http, {"model": "identity_fp32", "correlation_id": "corr-s"}, driver)
     assert result[0]["params"]["seen_correlation_id"] == "corr-s"
 
@@ -188,12 +189,20 @@ def test_mutual_calls_on_one_chain_do_not_deadlock(http):
     assert out.tolist() == X.tolist()
 
 
-def test_busy_callee_instances_make_calls_wait_not_deadlock(http):
+def test_busy_callee_instances_make_calls_wait_not_deadlock(server):
     """Many clients at once, every call funnelled into identity_fp32's single instance."""
     specs = [({"model": "identity_fp32"}, "bls_call"), ({"model": "identity_fp32", "gather": 3},
                                                         "bls_async")] * 8
+
+    def one(item):  # a client per thread: tritonclient's HTTP client is not thread-safe
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            return call(client, *item)
+        finally:
+            client.close()
+
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda s: call(http, s[0], s[1]), specs))
+        results = list(pool.map(one, specs))
     assert all("error" not in r for result, _ in results for r in result)
 
 

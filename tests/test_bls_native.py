@@ -39,6 +39,20 @@ class TritonPythonModel:
         return out
 '''
 
+PY_REPEAT = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            sender = r.get_response_sender()
+            for k in (1, 2):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + k)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
 INT32_IO = """
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
@@ -60,6 +74,8 @@ def test_a_native_backend_calls_other_models_through_the_server_api(tmp_path):
     repo = tmp_path / "models"
     _model(repo, "native_bls", f'backend: "bls"\n{INT32_IO}', {"libtriton_bls.so": lib.read_bytes()})
     _model(repo, "py_int32", f'backend: "python"\n{INT32_IO}', {"1/model.py": PY_INT32})
+    _model(repo, "py_repeat", f'backend: "python"\nmodel_transaction_policy {{ decoupled: true }}\n'
+           f'{INT32_IO}', {"1/model.py": PY_REPEAT})
     with serve(repo) as server:
         client = httpclient.InferenceServerClient(server.url)
         x = np.array([1, 2, 3, 4], dtype=np.int32)
@@ -79,6 +95,11 @@ def test_a_native_backend_calls_other_models_through_the_server_api(tmp_path):
         assert "callee_error" not in params
         # A function modelhost does not implement is an error the backend handles.
         assert params["unsupported"] == "TRITONSERVER_ServerOptionsNew is not supported by modelhost"
+
+        # A decoupled callee: each response reaches the callback, then the flags-only final one.
+        out, params = ask("py_repeat")
+        assert out == [3, 4, 5, 6] and params["responses"] == 2
+        assert params["callee_decoupled"] is True
 
         out, params = ask("nope")
         assert out == x.tolist() and params["callee_ready"] is False
@@ -185,8 +206,11 @@ def test_tritons_python_backend_serves_bls_models(triton_python):
     assert json.loads(result.as_numpy("RESULT")[0])[0]["error"] == (
         "Model nope - Error when running inference: Failed for execute the inference request. "
         "Model 'nope' is not ready.")
-    result = http.infer("bls_call", _spec_inputs(httpclient, {"op": "ready", "model": "repeat"}))
-    assert json.loads(result.as_numpy("RESULT")[0]) == {"ready": True}
+    for op, answer in (("ready", {"ready": True}), ("unload", {"unloaded": True}),
+                       ("ready", {"ready": False}), ("load", {"loaded": True}),
+                       ("ready", {"ready": True})):
+        result = http.infer("bls_call", _spec_inputs(httpclient, {"op": op, "model": "repeat"}))
+        assert json.loads(result.as_numpy("RESULT")[0]) == answer, op
 
 
 def test_tritons_python_backend_streams_a_decoupled_bls_model(triton_python):

@@ -143,8 +143,11 @@ async def execute_async(call: pb.InferenceRequest, decoupled: bool = False) -> A
     held = bls.HELD.get()  # the caller's instances: the executor thread must know them
 
     def run() -> Any:
-        bls.HELD.set(held)
-        return execute(call, decoupled)
+        token = bls.HELD.set(held)
+        try:
+            return execute(call, decoupled)
+        finally:
+            bls.HELD.reset(token)  # pool threads are reused
 
     return await asyncio.get_running_loop().run_in_executor(_executor, run)
 

@@ -14,6 +14,7 @@ class TritonPythonModel:
                 cid = request.correlation_id()
                 params["seen_correlation_id"] = cid if isinstance(cid, str) else int(cid)
                 params["seen_flags"] = int(request.flags())
+                params["seen_timeout"] = int(request.timeout())
             outputs = [pb_utils.Tensor("OUTPUT0", in0.as_numpy())]
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs, parameters=params))
