@@ -18,7 +18,7 @@ from host.parameters import interpret
 from host.backend import InstanceSpec, ModelSpec
 from host.backends.python.backend import PythonBackend
 from host.config import parse_config_text
-from host.errors import Code, InternalError, InvalidArgumentError, NotFoundError
+from host.errors import Code, HostError, InternalError, InvalidArgumentError, NotFoundError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.plugins.registry import Registry
 
@@ -878,6 +878,21 @@ def test_bls_without_a_server_is_an_error_response(tmp_path, load):
     err = m.infer({}).error
     assert err.message == ("Model other - Error when running inference: Failed for execute the "
                            "inference request. Model 'other' is not ready.")
+
+
+def test_bls_is_refused_in_initialize_as_in_triton(tmp_path, load):
+    code = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            pb_utils.InferenceRequest(
+                model_name="other", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.ones(1, np.float32))]).exec()
+    """
+    with pytest.raises(HostError, match="BLS is only supported during the 'execute' function."):
+        load(write_model(tmp_path, "bls_init", "", code))
 
 
 # --- pb_utils helpers -------------------------------------------------------------------------

@@ -322,6 +322,7 @@ class PythonInstance(Instance):
                         "model_version": str(mspec.version),
                         "model_name": mspec.name,
                     })
+            self.ctx.serving = True  # BLS calls are allowed from now until finalize
         except HostError:
             forget_module(self.module)
             raise
@@ -332,6 +333,7 @@ class PythonInstance(Instance):
             raise InternalError(_exception_text(exc)) from exc
 
     def finalize(self) -> None:
+        self.ctx.serving = False
         try:
             fin = getattr(self.user, "finalize", None)
             if fin is not None:

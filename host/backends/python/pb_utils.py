@@ -78,6 +78,8 @@ class _ModelContext:
         self.model_dir = model_dir
         self.logger = logging.getLogger(f"host.models.{model_name}")
         self.instance_name = ""  # set by the backend for an instance's context
+        # Between the end of initialize and the start of finalize: when BLS calls are allowed.
+        self.serving = False
 
 
 # Set by the backend around every call into a model (import, initialize, execute, finalize).
@@ -580,11 +582,19 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Send this request to its model and wait: the response, or with `decoupled=True` an
         iterator over every response (the last one carries the final flag)."""
+        _check_serving()
         return _bls.execute(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` for `async def execute`: awaitable, several may run at once (asyncio.gather)."""
+        _check_serving()
         return await _bls.execute_async(self, decoupled)
+
+
+def _check_serving() -> None:
+    ctx = _current_context()
+    if ctx is not None and not ctx.serving:
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
 
 
 # The iterator a decoupled BLS call returns.
