@@ -105,8 +105,7 @@ def unload_model(name: str, unload_dependents: bool = False) -> None:
     if entry is None or not entry.versions:
         return
     held = HELD.get()
-    mine = any(getattr(mv.scheduler, "_slots", None) and
-               any(s in held for s in mv.scheduler._slots) for mv in entry.versions.values())
+    mine = any(slot in held for mv in entry.versions.values() for slot in mv.slots)
     worker = threading.Thread(target=_unload, args=(host, name, unload_dependents), daemon=True,
                               name=f"unload-{name}")
     worker.start()

@@ -135,6 +135,11 @@ class ModelVersion:
     def inflight(self) -> int:
         return self._inflight
 
+    @property
+    def slots(self) -> tuple[InstanceSlot, ...]:
+        """The model's instances (as the schedulers hold them)."""
+        return tuple(self._slots)
+
     def metrics(self) -> list:
         """The backend model's own metric families (`host.backend.Model.metrics`)."""
         if self._model is None:

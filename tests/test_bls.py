@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from host.testing import serve
+from host.testing import serve, wait_until
 
 pytestmark = pytest.mark.modelhost_only
 
@@ -235,6 +235,12 @@ def test_model_control_from_a_model(http, grpc):
     assert call(http, {"op": "ready", "model": "repeat"})[0] == {"ready": False}
     assert call(grpc, {"op": "load", "model": "repeat"}, "bls_async")[0] == {"loaded": True}
     assert http.is_model_ready("repeat")
+
+    # A model unloading itself gets its answer, and the unload completes after its request.
+    assert call(http, {"op": "unload", "model": "bls_async"}, "bls_async")[0] == {"unloaded": True}
+    wait_until(lambda: not http.is_model_ready("bls_async"), message="bls_async still ready")
+    http.load_model("bls_async")
+    assert call(http, {"model": "identity_fp32"}, "bls_async")[0][0]["outputs"] == ["OUTPUT0"]
 
 
 def test_model_control_needs_explicit_mode(tmp_path):
