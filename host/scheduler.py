@@ -48,7 +48,7 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         rows += r.batch_size
     called = time.perf_counter_ns()
     failure: Exception | None = None
-    held = bls.HELD.set(bls.HELD.get() + (slot,))  # for BLS calls made by this execute
+    held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
     try:
         responses = slot.instance.execute(requests)
     except Exception as exc:  # the backend's failure becomes each request's error
@@ -82,6 +82,16 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
     model.stats.output_done(len(requests), rows,
                             reported[2] if reported is not None else time.perf_counter_ns() - handing)
+
+
+def _chain(requests: Sequence[InferenceRequest]) -> tuple:
+    """The instances held by the callers of these requests (host.bls): this thread's own chain,
+    plus that of each BLS request run here from another thread (a batcher's, a pool's)."""
+    chain = bls.HELD.get()
+    for r in requests:
+        if r.held:
+            chain = chain + tuple(s for s in r.held if s not in chain)
+    return chain
 
 
 def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:

@@ -189,6 +189,18 @@ def test_mutual_calls_on_one_chain_do_not_deadlock(http):
     assert out.tolist() == X.tolist()
 
 
+def test_a_chain_through_a_batched_model_does_not_deadlock(http):
+    """bls_call -> bls_batched (runs on its batcher's thread) -> bls_call -> identity: the
+    instances held along the chain travel with the request to the batcher's thread."""
+    spec = {"model": "bls_batched", "batched": True, "outputs": ["OUTPUT0", "RESULT"],
+            "next": {"model": "bls_call", "outputs": ["OUTPUT0", "RESULT"],
+                     "next": {"model": "identity_fp32"}}}
+    result, out = call(http, spec)
+    assert "error" not in result[0], result
+    assert result[0]["nested"][0]["outputs"] == ["OUTPUT0"]
+    assert out.tolist() == X.tolist()
+
+
 def test_busy_callee_instances_make_calls_wait_not_deadlock(server):
     """Many clients at once, every call funnelled into identity_fp32's single instance."""
     specs = [({"model": "identity_fp32"}, "bls_call"), ({"model": "identity_fp32", "gather": 3},

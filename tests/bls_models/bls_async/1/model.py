@@ -3,7 +3,8 @@
 op: "infer" (default), "ready", "load", "unload"; model, version; input_name ("INPUT0"), input_dtype
 ("float32"); outputs (requested, default ["OUTPUT0"]); out (the output read back, "OUTPUT0");
 decoupled (exec(decoupled=True)); request_id, correlation_id, flags, timeout, parameters; next: the
-SPEC sent along to the callee (when it is a BLS driver itself); config, unload_dependents.
+SPEC sent along to the callee (when it is a BLS driver itself); batched (the callee batches: send
+a batch of one); config, unload_dependents.
 """
 
 import json
@@ -13,11 +14,13 @@ import triton_python_backend_utils as pb_utils
 
 
 def bls_request(spec, in0):
-    inputs = [pb_utils.Tensor(spec.get("input_name", "INPUT0"),
-                              in0.astype(spec.get("input_dtype", "float32")))]
+    x = in0.astype(spec.get("input_dtype", "float32"))
+    nested = np.array([json.dumps(spec.get("next", {})).encode()], dtype=np.object_)
+    if spec.get("batched"):  # the callee batches: a batch of one
+        x, nested = x[None], nested[None]
+    inputs = [pb_utils.Tensor(spec.get("input_name", "INPUT0"), x)]
     if "next" in spec:
-        inputs.append(pb_utils.Tensor("SPEC", np.array([json.dumps(spec["next"]).encode()],
-                                                       dtype=np.object_)))
+        inputs.append(pb_utils.Tensor("SPEC", nested))
     kwargs = {k: spec[k] for k in ("request_id", "correlation_id", "flags", "timeout", "parameters")
               if k in spec}
     return pb_utils.InferenceRequest(
@@ -46,7 +49,7 @@ def describe(responses, spec, in0, sent=None):
 
 def _nested(response):
     t = pb_utils.get_output_tensor_by_name(response, "RESULT")
-    return None if t is None else json.loads(t.as_numpy()[0])
+    return None if t is None else json.loads(t.as_numpy().reshape(-1)[0])
 
 
 def control(spec):
