@@ -14,7 +14,9 @@ in-process server API of the C bridge (`TRITONSERVER_ServerInferAsync`).
 holds its instance until the call returns. So a model calling itself, or A calling B calling A,
 would wait forever for an instance that its own caller holds. The host tracks, per call chain,
 the instances the callers hold (`HELD`, set around every execute by the schedulers; a BLS
-request carries it in `InferenceRequest.held`). When a request arrives for a model whose every
+request carries it in `InferenceRequest.held`, so that an execute on another thread, a batcher's,
+knows the chain it serves; a request the host derives from another, an ensemble step, should copy
+its `held`). When a request arrives for a model whose every
 instance is held by the request's own callers, none can ever come free for it, so it runs at once
 on the innermost caller's instance, as a recursive call would (that caller is suspended in its
 BLS call meanwhile). In every other case a request waits for a free instance as usual: instances
