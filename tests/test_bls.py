@@ -62,7 +62,8 @@ def call(client, spec: dict, model: str = "bls_call", x: np.ndarray = X) -> tupl
 
 @pytest.mark.parametrize("driver", ["bls_call", "bls_async"])
 def test_a_call_passes_inputs_request_fields_and_parameters(http, grpc, driver):
-    spec = {"model": "identity_fp32", "request_id": "abc", "correlation_id": 7, "timeout": 5000,
+    spec = {"model": "identity_fp32", "version": 1, "request_id": "abc", "correlation_id": 7,
+            "flags": 1, "timeout": 5000, "preferred_cpu": True,
             "parameters": {"p": 1, "s": "x", "b": True}}
     for client in (http, grpc):
         result, out = call(client, spec, driver)
@@ -71,7 +72,7 @@ def test_a_call_passes_inputs_request_fields_and_parameters(http, grpc, driver):
         assert "error" not in response
         assert response["outputs"] == ["OUTPUT0"]
         assert response["params"] == {"p": 1, "s": "x", "b": True, "seen_id": "abc",
-                                      "seen_correlation_id": 7, "seen_flags": 0,
+                                      "seen_correlation_id": 7, "seen_flags": 1,
                                       "seen_timeout": 5000}
     result, _ = call(http, {"model": "identity_fp32", "correlation_id": "corr-s"}, driver)
     assert result[0]["params"]["seen_correlation_id"] == "corr-s"

@@ -2,9 +2,10 @@
 
 op: "infer" (default), "ready", "load", "unload"; model, version; input_name ("INPUT0"), input_dtype
 ("float32"); outputs (requested, default ["OUTPUT0"]); out (the output read back, "OUTPUT0");
-decoupled (exec(decoupled=True)); request_id, correlation_id, flags, timeout, parameters; next: the
-SPEC sent along to the callee (when it is a BLS driver itself); batched (the callee batches: send
-a batch of one); config, unload_dependents.
+decoupled (exec(decoupled=True)); request_id, correlation_id, flags, timeout, parameters;
+preferred_cpu (preferred_memory: CPU); next: the SPEC sent along to the callee (when it is a BLS
+driver itself); batched (the callee batches: send a batch of one); config, unload_dependents;
+fail: raise in execute with this message.
 """
 
 import json
@@ -23,6 +24,8 @@ def bls_request(spec, in0):
         inputs.append(pb_utils.Tensor("SPEC", nested))
     kwargs = {k: spec[k] for k in ("request_id", "correlation_id", "flags", "timeout", "parameters")
               if k in spec}
+    if spec.get("preferred_cpu"):
+        kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
     return pb_utils.InferenceRequest(
         model_name=spec["model"], model_version=spec.get("version", -1), inputs=inputs,
         requested_output_names=spec.get("outputs", ["OUTPUT0"]), **kwargs)
