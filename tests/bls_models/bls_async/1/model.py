@@ -1,4 +1,5 @@
-"""BLS driver (`async def execute`; "gather": that many calls at once). SPEC keys, all optional but "model":
+"""BLS driver (`async def execute`; "gather": that many calls at once). SPEC keys, all optional
+but "model":
 
 op: "infer" (default), "ready", "load", "unload"; model, version; input_name ("INPUT0"), input_dtype
 ("float32"); outputs (requested, default ["OUTPUT0"]); out (the output read back, "OUTPUT0");
