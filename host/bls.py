@@ -92,7 +92,10 @@ def model_ready(name: str, version: int = -1) -> bool:
 
 
 def load_model(name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
-    """Load (or reload) a model in explicit mode; returns once it is loaded, as Triton does."""
+    """Load (or reload) a model in explicit mode; returns once it is loaded, as Triton does.
+    `files` maps Triton's `file:<path in the model folder>` keys to contents."""
+    if files:
+        files = {k[len("file:"):] if k.startswith("file:") else k: v for k, v in files.items()}
     server().load_model(name, config=config or None, files=files or None)
 
 

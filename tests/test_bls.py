@@ -249,6 +249,14 @@ def test_model_control_from_a_model(http, grpc):
     assert call(grpc, {"op": "load", "model": "repeat"}, "bls_async")[0] == {"loaded": True}
     assert http.is_model_ready("repeat")
 
+    # A model loaded from a config and files the calling model supplies.
+    made = {"op": "load", "model": "bls_made", "config": json.dumps({
+                "backend": "python", "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}),
+            "files": {"file:1/model.py": (MODELS / "identity_fp32" / "1" / "model.py").read_text()}}
+    assert call(http, made)[0] == {"loaded": True}
+    assert call(http, {"model": "bls_made"})[0][0]["outputs"] == ["OUTPUT0"]
+
     # A model unloading itself gets its answer, and the unload completes after its request.
     assert call(http, {"op": "unload", "model": "bls_async"}, "bls_async")[0] == {"unloaded": True}
     wait_until(lambda: not http.is_model_ready("bls_async"), message="bls_async still ready")
@@ -261,6 +269,5 @@ def test_model_control_needs_explicit_mode(tmp_path):
         client = httpclient.InferenceServerClient(s.url)
         assert call(client, {"op": "unload", "model": "identity_fp32"})[0] == {"raised": (
             "Failed to unload model: Failed to process the request for model 'bls_call_0_0', "
-            "message: explicit model load / unload is not allowed if model control mode is "
-            "'none'")}
+            "message: explicit model load / unload is not allowed if polling is enabled")}
         assert client.is_model_ready("identity_fp32")

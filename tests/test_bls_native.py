@@ -211,6 +211,17 @@ def test_tritons_python_backend_serves_bls_models(triton_python):
                        ("ready", {"ready": True})):
         result = http.infer("bls_call", _spec_inputs(httpclient, {"op": op, "model": "repeat"}))
         assert json.loads(result.as_numpy("RESULT")[0]) == answer, op
+    # TRITONSERVER_ServerLoadModelWithParameters with a config and file contents (no instance
+    # group: the backend prefers KIND_GPU, the model gets a CPU instance as in Triton).
+    made = {"op": "load", "model": "made", "config": json.dumps({
+                "backend": "python", "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}),
+            "files": {"file:1/model.py": (BLS_MODELS / "identity_fp32" / "1" / "model.py").read_text()}}
+    result = http.infer("bls_call", _spec_inputs(httpclient, made))
+    assert json.loads(result.as_numpy("RESULT")[0]) == {"loaded": True}
+    x = httpclient.InferInput("INPUT0", [2], "FP32")
+    x.set_data_from_numpy(np.array([7, 8], dtype=np.float32))
+    assert http.infer("made", [x]).as_numpy("OUTPUT0").tolist() == [7, 8]
 
 
 def test_tritons_python_backend_streams_a_decoupled_bls_model(triton_python):

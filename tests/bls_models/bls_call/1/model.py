@@ -4,7 +4,8 @@ op: "infer" (default), "ready", "load", "unload"; model, version; input_name ("I
 ("float32"); outputs (requested, default ["OUTPUT0"]); out (the output read back, "OUTPUT0");
 decoupled (exec(decoupled=True)); request_id, correlation_id, flags, timeout, parameters;
 preferred_cpu (preferred_memory: CPU); next: the SPEC sent along to the callee (when it is a BLS
-driver itself); batched (the callee batches: send a batch of one); config, unload_dependents;
+driver itself); batched (the callee batches: send a batch of one); config, files,
+unload_dependents;
 fail: raise in execute with this message.
 """
 
@@ -60,7 +61,8 @@ def control(spec):
     if op == "ready":
         return {"ready": pb_utils.is_model_ready(spec["model"], str(spec.get("version", "")))}
     if op == "load":
-        pb_utils.load_model(spec["model"], config=spec.get("config", ""))
+        files = {k: v.encode() for k, v in spec["files"].items()} if "files" in spec else None
+        pb_utils.load_model(spec["model"], config=spec.get("config", ""), files=files)
         return {"loaded": True}
     pb_utils.unload_model(spec["model"], unload_dependents=spec.get("unload_dependents", False))
     return {"unloaded": True}
