@@ -46,16 +46,21 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     for r in requests:
         r.exec_start_ns = start
         rows += r.batch_size
+    held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
     called = time.perf_counter_ns()
     failure: Exception | None = None
-    held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
     try:
         responses = slot.instance.execute(requests)
     except Exception as exc:  # the backend's failure becomes each request's error
         responses, failure = None, exc
     finally:
         bls.HELD.reset(held)
-    infer_ns, input_ns = time.perf_counter_ns() - called, called - start
+    returned = time.perf_counter_ns()
+    infer_ns, input_ns = returned - called, called - start
+    if model.tracing:  # a sampled request may be in this batch (host.trace)
+        for r in requests:
+            if r.trace is not None:
+                r.trace.compute(start, called, returned)
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
     report = getattr(slot.instance, "reported_statistics", None)
     reported = report() if report is not None else None
@@ -113,13 +118,14 @@ def _run_reentrant(model: ModelVersion, slots: list[InstanceSlot], request: Infe
 class DirectScheduler:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
-        self._slots = list(slots)
+        self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self._free: queue.SimpleQueue[InstanceSlot] = queue.SimpleQueue()
+        self._slots = len(slots)
         for slot in slots:
             self._free.put(slot)
 
     def submit(self, request: InferenceRequest) -> None:
-        if request.held and _run_reentrant(self.model, self._slots, request):
+        if request.held and _run_reentrant(self.model, self._instances, request):
             return
         slot = self._free.get()
         try:
@@ -130,6 +136,12 @@ class DirectScheduler:
         finally:
             self._free.put(slot)
 
+    def pending(self) -> int:
+        """Requests waiting for a free instance (nv_inference_pending_request_count): those in
+        flight beyond the instances busy with one (counted at scrape time, not per request)."""
+        busy = self._slots - self._free.qsize()
+        return max(0, self.model.inflight - busy)
+
     def stop(self) -> None:
         """Nothing runs on its own threads."""
 
@@ -138,7 +150,7 @@ class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
                  preferred: Sequence[int], max_delay_us: int) -> None:
         self.model = model
-        self._slots = list(slots)
+        self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
@@ -153,7 +165,7 @@ class DynamicBatcher:
             t.start()
 
     def submit(self, request: InferenceRequest) -> None:
-        if request.held and _run_reentrant(self.model, self._slots, request):
+        if request.held and _run_reentrant(self.model, self._instances, request):
             return
         with self._cond:
             self._queue.append(request)
@@ -193,6 +205,10 @@ class DynamicBatcher:
             if self._queue:
                 self._cond.notify()  # let an idle instance start on what is left
             return batch
+
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
+        return len(self._queue)
 
     def stop(self) -> None:
         with self._cond:
