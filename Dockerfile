@@ -29,9 +29,10 @@ RUN apt-get update \
  && groupadd --system --gid 10001 modelhost \
  && useradd --system --uid 10001 --gid modelhost --home-dir /nonexistent --shell /usr/sbin/nologin modelhost
 COPY --from=build-cuda /opt/modelhost /opt/modelhost
+COPY deploy/container/modelhost.toml /etc/modelhost/modelhost.toml
 ENV PATH=/opt/modelhost/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    MODELHOST_MODEL_REPOSITORY=/models
+    MODELHOST_CONFIG_FILE=/etc/modelhost/modelhost.toml
 USER 10001:10001
 EXPOSE 8000 8001 8002
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
@@ -53,9 +54,10 @@ FROM ${PYTHON_IMAGE} AS cpu
 RUN groupadd --system --gid 10001 modelhost \
  && useradd --system --uid 10001 --gid modelhost --home-dir /nonexistent --shell /usr/sbin/nologin modelhost
 COPY --from=build /opt/modelhost /opt/modelhost
+COPY deploy/container/modelhost.toml /etc/modelhost/modelhost.toml
 ENV PATH=/opt/modelhost/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    MODELHOST_MODEL_REPOSITORY=/models
+    MODELHOST_CONFIG_FILE=/etc/modelhost/modelhost.toml
 USER 10001:10001
 EXPOSE 8000 8001 8002
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \

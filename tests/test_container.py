@@ -35,18 +35,22 @@ def _final_stage(dockerfile: str) -> dict[str, object]:
     stages = re.split(r"^FROM ", text, flags=re.M)
     build, final = stages[-2], stages[-1]
     env: dict[str, str] = {}
+    copies: dict[str, str] = {}  # files copied from the build context: image path -> source
     for line in final.splitlines():
         if line.startswith("ENV "):
             for item in shlex.split(line[4:]):
                 key, _, value = item.partition("=")
                 env[key] = value
+        if line.startswith("COPY ") and "--from=" not in line:
+            source, target = line.split()[1:3]
+            copies[target] = source
     def instruction(name: str, stage: str) -> str:  # the stage's last one
         return [line[len(name) + 1:].strip() for line in stage.splitlines()
                 if line.startswith(name + " ")][-1]
     return {"env": env, "entrypoint": json.loads(instruction("ENTRYPOINT", final)),
             "cmd": json.loads(instruction("CMD", final)),
             "healthcheck": json.loads(instruction("HEALTHCHECK", final).split(" CMD ", 1)[1]),
-            "install": instruction("RUN", build)}
+            "install": instruction("RUN", build), "copies": copies}
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +78,24 @@ def test_the_image_serves_and_reports_healthy(rootfs, tmp_path):
     # no system site-packages: what runs is what the script installed
     assert "include-system-site-packages = false" in (prefix / "pyvenv.cfg").read_text()
     assert not (prefix / "bin" / "pip").exists()  # pip is left out of the image
-    models = tmp_path / "models"  # the volume the image serves (MODELHOST_MODEL_REPOSITORY)
+    models = tmp_path / "models"  # the volume the image serves (/models)
     models.mkdir()
     for name in ("identity_fp32", "onnx_mlp"):
         shutil.copytree(ROOT / "model_repository" / name, models / name)
+    # the image's files from the build context, at their image paths under a scratch root
+    image_root = tmp_path / "image-root"
+    for target, source in stage["copies"].items():
+        (image_root / target.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / source, image_root / target.lstrip("/"))
     env = {"PATH": f"{prefix}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
     env.update({k: v.replace("/opt/modelhost", str(prefix)).replace("$PATH", "/usr/bin:/bin")
                 for k, v in stage["env"].items()})
-    assert env["MODELHOST_MODEL_REPOSITORY"] == "/models"
+    config = env["MODELHOST_CONFIG_FILE"]
+    assert config in stage["copies"]  # the image's default settings: model-repository /models
+    env["MODELHOST_CONFIG_FILE"] = str(image_root / config.lstrip("/"))
+    assert "/models" in Path(env["MODELHOST_CONFIG_FILE"]).read_text()
     port = free_port()
+    # the variables a user passes (docker run -e) win over the image's file
     env.update(MODELHOST_MODEL_REPOSITORY=str(models), MODELHOST_HTTP_PORT=str(port),
                MODELHOST_GRPC_PORT=str(free_port()), MODELHOST_METRICS_PORT=str(free_port()),
                MODELHOST_HTTP_ADDRESS="127.0.0.1")
