@@ -40,7 +40,8 @@ class OptionalBuildExt(build_ext):
             self._skip(exc)
 
     def _skip(self, exc):
-        message = WARNING.format(error=str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
+        text = str(exc).strip()
+        message = WARNING.format(error=text.splitlines()[-1] if text else type(exc).__name__)
         sys.stderr.write(message)
         self.warn(message)
 

@@ -167,7 +167,8 @@ class Lab:
             stdout=open(self.workdir / "redis.log", "wb"), stderr=subprocess.STDOUT)
 
         def up() -> bool:
-            with contextlib.suppress(OSError), socket.create_connection((f"{self.net}.1", self.redis_port), 1):
+            address = (f"{self.net}.1", self.redis_port)
+            with contextlib.suppress(OSError), socket.create_connection(address, 1):
                 return True
             return False
 
