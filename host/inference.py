@@ -65,6 +65,9 @@ class InferenceRequest:
     # None until the host binds it); `shm_outputs` maps output names to (region, offset, size).
     uses_shm: bool = False
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
+    # Implicit state of the request's sequence (host.sequence.state.SequenceStates), set by the
+    # sequence batcher for the execute: native backends update it through TRITONBACKEND_State*.
+    sequence_states: Any = None
 
     @property
     def requested_output_names(self) -> list[str]:

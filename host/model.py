@@ -14,6 +14,7 @@ from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
 from host.scheduler import DirectScheduler, DynamicBatcher, InstanceSlot
+from host.sequence import SequenceBatcher
 from host.stats import ModelStats
 from host.validation import RequestRules
 
@@ -54,7 +55,7 @@ class ModelVersion:
         self.rules = RequestRules(spec.config)
         self._model: Model | None = None
         self._slots: list[InstanceSlot] = []
-        self.scheduler: DirectScheduler | DynamicBatcher | None = None
+        self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
 
@@ -81,8 +82,10 @@ class ModelVersion:
         self.scheduler = self._make_scheduler()
         self.state = READY
 
-    def _make_scheduler(self) -> DirectScheduler | DynamicBatcher:
+    def _make_scheduler(self) -> DirectScheduler | DynamicBatcher | SequenceBatcher:
         cfg = self.config
+        if cfg.WhichOneof("scheduling_choice") == "sequence_batching":
+            return SequenceBatcher(self, self._slots)
         if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, self._slots, cfg.max_batch_size, list(db.preferred_batch_size),

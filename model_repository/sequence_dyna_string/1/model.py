@@ -1,0 +1,30 @@
+"""sequence_dyna_string: OUTPUT = running sum of INPUT per sequence; SEQUENCE = its string id.
+
+With the oldest strategy one execute receives the next request of several sequences; the
+CORRID control input (BYTES) tells them apart, and `request.correlation_id()` returns the same
+string.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            get = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # noqa: E731
+            corrid = get("CORRID").item()  # bytes
+            assert corrid.decode() == request.correlation_id()
+            total = int(get("INPUT").item()) + (0 if get("START").item() else self.sums.get(corrid, 0))
+            if get("END").item():
+                self.sums.pop(corrid, None)
+            else:
+                self.sums[corrid] = total
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUTPUT", np.array([[total]], dtype=np.int32)),
+                pb_utils.Tensor("SEQUENCE", np.array([[corrid]], dtype=np.object_))]))
+        return responses
