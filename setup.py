@@ -12,7 +12,7 @@ setup(
         Extension(
             "host.native.libtritonserver",
             sources=[f"host/native/src/{name}.c" for name in
-                     ("server", "backend", "request", "cache", "module", "unsupported")],
+                     ("server", "backend", "request", "cache", "module", "sequence", "unsupported")],
             include_dirs=["host/native/include"],
             depends=["host/native/src/bridge.h", "host/native/include/triton/core/tritonserver.h",
                      "host/native/include/triton/core/tritonbackend.h",
