@@ -240,6 +240,7 @@ class Host:
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
+        reshape = mv.rules.reshape_outputs if mv.rules.output_reshapes else None
         error: HostError | None = None
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
@@ -251,6 +252,8 @@ class Host:
                 probe.finish(response)  # stores a success with every output, before the filter
             if response is not None:
                 response.model_name, response.model_version, response.id = name, version, request.id
+                if reshape is not None and response.error is None:
+                    reshape(response)  # an output that cannot take its dims makes it an error
                 if response.error is not None:
                     error = response.error
                 else:

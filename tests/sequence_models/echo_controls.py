@@ -11,8 +11,10 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             outputs = [pb_utils.Tensor("SEEN_" + t.name(), t.as_numpy()) for t in request.inputs()]
-            outputs.append(pb_utils.Tensor("OUTPUT", pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()))
-            outputs.append(pb_utils.Tensor("SEEN_ID", np.array([str(request.correlation_id()).encode()], dtype=object)))
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            seen_id = np.array([str(request.correlation_id()).encode()], dtype=object)
+            outputs.append(pb_utils.Tensor("OUTPUT", value))
+            outputs.append(pb_utils.Tensor("SEEN_ID", seen_id))
             outputs.append(pb_utils.Tensor("SEEN_FLAGS", np.array([request.flags()], dtype=np.uint32)))
             responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
         return responses

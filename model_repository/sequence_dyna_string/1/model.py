@@ -9,6 +9,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+def _value(request, name):
+    return pb_utils.get_input_tensor_by_name(request, name).as_numpy().item()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.sums = {}
@@ -16,11 +20,10 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            get = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # noqa: E731
-            corrid = get("CORRID").item()  # bytes
+            corrid = _value(request, "CORRID")  # bytes
             assert corrid.decode() == request.correlation_id()
-            total = int(get("INPUT").item()) + (0 if get("START").item() else self.sums.get(corrid, 0))
-            if get("END").item():
+            total = _value(request, "INPUT") + (0 if _value(request, "START") else self.sums.get(corrid, 0))
+            if _value(request, "END"):
                 self.sums.pop(corrid, None)
             else:
                 self.sums[corrid] = total
