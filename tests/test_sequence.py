@@ -404,6 +404,9 @@ def test_triton_errors_for_bad_sequence_requests(http, grpc):
                                       sequence_start=True))
     assert error.message() == ("inference request to model 'sequence_accumulator' must specify "
                                "batch-size 1 due to requirements of sequence batcher")
+    error = _error(lambda: http.infer("sequence_dyna_string", [_input(httpclient, 1)],
+                                      sequence_id="x" * 129, sequence_start=True))
+    assert error.message() == "string correlation ID cannot be longer than 128 characters"
     # and the server keeps serving
     assert _infer(http, "sequence_accumulator", 4, 83, start=True, end=True).as_numpy(
         "OUTPUT").item() == 4

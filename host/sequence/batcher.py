@@ -47,10 +47,11 @@ log = logging.getLogger(__name__)
 
 
 class _Sequence:
-    __slots__ = ("id", "slot", "queue", "last_ns", "expired")
+    __slots__ = ("id", "slot", "queue", "last_ns", "expired", "corrid")
 
-    def __init__(self, sequence_id: int | str) -> None:
+    def __init__(self, sequence_id: int | str, corrid: Tensor | None) -> None:
         self.id = sequence_id
+        self.corrid = corrid  # the CORRID control tensor, the same for every request
         self.slot: _Slot | None = None
         self.queue: collections.deque[InferenceRequest] = collections.deque()
         self.last_ns = 0
@@ -160,7 +161,8 @@ class SequenceBatcher:
                     raise InvalidArgumentError(
                         f"inference request for sequence {sequence_id} to model '{self.name}' "
                         "must specify the START flag on the first request of the sequence")
-                sequence = self._sequences[sequence_id] = _Sequence(sequence_id)
+                sequence = self._sequences[sequence_id] = _Sequence(
+                    sequence_id, self.controls.corrid_tensor(sequence_id))
                 if self._free:
                     self._assign(sequence, self._free.pop())
                 else:
@@ -252,7 +254,7 @@ class SequenceBatcher:
         """The slot's next request, with its controls and state filled in."""
         sequence = slot.sequence
         request = sequence.queue.popleft()
-        self.controls.add_to(request)
+        self.controls.add_to(request, sequence.corrid)
         states = slot.states
         if states is not None:
             if request.sequence_start:

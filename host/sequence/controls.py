@@ -31,8 +31,8 @@ class _Flag:
     """A START, END or READY control: its tensor name and its false/true tensors."""
 
     name: str
-    false: np.ndarray
-    true: np.ndarray
+    off: Tensor
+    on: Tensor
 
 
 def request_log_prefix(request: InferenceRequest) -> str:
@@ -75,7 +75,8 @@ class Controls:
                 false, true = (np.array(v, dtype=dtype).reshape(self.shape) for v in values)
                 for array in (false, true):
                     array.flags.writeable = False  # shared by every request
-                return _Flag(name, false, true)
+                return _Flag(name, Tensor(name, datatype, list(self.shape), false),
+                             Tensor(name, datatype, list(self.shape), true))
         raise InvalidArgumentError(f"control '{name}' has no false/true values")  # config checked it
 
     # --- request checks ---------------------------------------------------------------------
@@ -92,26 +93,27 @@ class Controls:
                 f"data-type is '{given}', but model '{self.model}' expects '{self.corrid_type}'")
 
     # --- the tensors ------------------------------------------------------------------------
-    def add_to(self, request: InferenceRequest) -> None:
-        """Put the control tensors of a real request into its inputs."""
+    def add_to(self, request: InferenceRequest, corrid: Tensor | None) -> None:
+        """Put the control tensors of a real request into its inputs (`corrid`: `corrid_tensor`
+        of its sequence, made once per sequence). The tensors are shared: read-only."""
         inputs = request.inputs
         for flag, on in ((self.start, request.sequence_start), (self.end, request.sequence_end),
                          (self.ready, True)):
             if flag is not None:
-                inputs[flag.name] = self._tensor(flag.name, flag.true if on else flag.false)
-        if self.corrid_name:
-            inputs[self.corrid_name] = self._corrid(request.sequence_id)
+                inputs[flag.name] = flag.on if on else flag.off
+        if corrid is not None:
+            inputs[self.corrid_name] = corrid
 
     def add_padding(self, request: InferenceRequest) -> None:
         """A batch slot without a request: every control false ("not ready"), CORRID 0."""
         for flag in (self.start, self.end, self.ready):
             if flag is not None:
-                request.inputs[flag.name] = self._tensor(flag.name, flag.false)
+                request.inputs[flag.name] = flag.off
         if self.corrid_name:
-            request.inputs[self.corrid_name] = self._corrid("" if self.corrid_type == "BYTES" else 0)
+            request.inputs[self.corrid_name] = self.corrid_tensor("" if self.corrid_type == "BYTES" else 0)
 
-    def _tensor(self, name: str, data: np.ndarray) -> Tensor:
-        return Tensor(name, _DATATYPE[data.dtype.kind, data.dtype.itemsize], list(self.shape), data)
+    def corrid_tensor(self, sequence_id: int | str) -> Tensor | None:
+        return self._corrid(sequence_id) if self.corrid_name else None
 
     def _corrid(self, sequence_id: int | str) -> Tensor:
         if self.corrid_type == "BYTES":
@@ -124,5 +126,3 @@ class Controls:
             data = data.view(datatypes.to_numpy(self.corrid_type)).reshape(self.shape)
         return Tensor(self.corrid_name, self.corrid_type, list(self.shape), data)
 
-
-_DATATYPE = {("i", 4): "INT32", ("f", 4): "FP32", ("b", 1): "BOOL"}

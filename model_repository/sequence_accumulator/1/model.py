@@ -31,6 +31,7 @@ class TritonPythonModel:
                     self.sums[corrid] = total
             else:
                 total = 0
-            out = pb_utils.Tensor("OUTPUT", np.array([[total]], dtype=np.int32))
+            # an INT32 accumulator: wraps around as int32 arithmetic does
+            out = pb_utils.Tensor("OUTPUT", np.array([[total]], dtype=np.int64).astype(np.int32))
             responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
         return responses
