@@ -41,7 +41,8 @@ import perf_vs_triton as pvt  # noqa: E402
 EXAMPLE = os.path.join(pvt.REPO_ROOT, "model_repository", "sequence_accumulator")
 STRATEGIES = {"direct": "seq_direct", "oldest": "seq_oldest"}
 TARGET = 1.5  # modelhost / Triton throughput
-PA_FLAGS = ["--measurement-interval", "3000", "--max-trials", "6", "--stability-percentage", "50"]
+# Loose stability: on a busy shared machine a strict criterion fails more often than it helps.
+PA_FLAGS = ["--measurement-interval", "3000", "--max-trials", "5", "--stability-percentage", "100"]
 
 
 def build_repository() -> str:
@@ -168,11 +169,16 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
     lines.append("")
     for strategy in STRATEGIES:
         mh, tr = summary.get(("modelhost", strategy)), summary.get(("triton", strategy))
-        if mh and tr and mh.get("infer_s") and tr.get("infer_s"):
+        if not (mh and tr):
+            continue
+        parts = []
+        if mh.get("infer_s") and tr.get("infer_s"):
             ratio = mh["infer_s"] / tr["infer_s"]
-            lines.append(f"- {strategy}: modelhost / Triton throughput = x{ratio:.2f} (target: at least "
-                         f"x{TARGET}: {'met' if ratio >= TARGET else 'NOT met'}); CPU per request "
-                         f"x{mh['cpu_us'] / tr['cpu_us']:.2f}")
+            parts.append(f"throughput (perf_analyzer) x{ratio:.2f} (target: at least x{TARGET}: "
+                         f"{'met' if ratio >= TARGET else 'NOT met'})")
+        parts.append(f"throughput (tritonclient run) x{mh['client_infer_s'] / tr['client_infer_s']:.2f}")
+        parts.append(f"server CPU per request x{mh['cpu_us'] / tr['cpu_us']:.2f}")
+        lines.append(f"- {strategy}, modelhost / Triton: " + "; ".join(parts))
     lines += [
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; run took {wall:.0f} s",

@@ -333,6 +333,15 @@ def test_idle_sequence_is_released_and_then_refused(http, server):
                                "the START flag on the first request of the sequence")
 
 
+def test_a_stream_closed_mid_sequence_frees_its_slot(grpc, http):
+    grpc.start_stream(callback=lambda result, error: None)
+    grpc.async_stream_infer("idle", [_input(grpcclient, 1)], sequence_id=43, sequence_start=True)
+    grpc.stop_stream(cancel_requests=True)  # gone without its END
+    # the only slot frees after the idle timeout, and the next sequence runs in it
+    assert _infer(http, "idle", 5, 44, start=True, end=True).as_numpy("OUTPUT").item() == 5
+    assert "43" in _error(lambda: _infer(http, "idle", 1, 43)).message()
+
+
 # --- implicit state ----------------------------------------------------------------------------
 
 def test_python_implicit_state_is_carried_and_reset_at_start(http, grpc):

@@ -58,6 +58,13 @@ class _Sequence:
         self.expired = False  # idle too long: released once its queue is empty
 
 
+def _head(slot: _Slot) -> _Sequence:
+    """The sequence of a busy slot."""
+    sequence = slot.sequence
+    assert sequence is not None
+    return sequence
+
+
 class _Slot:
     __slots__ = ("worker", "index", "sequence", "states")
 
@@ -208,7 +215,7 @@ class SequenceBatcher:
             else:
                 cond.wait()
         if self.oldest:
-            busy.sort(key=lambda s: s.sequence.queue[0].enqueue_ns)
+            busy.sort(key=lambda s: _head(s).queue[0].enqueue_ns)
             taken = busy[:self.max_batch]
         else:
             taken = busy
@@ -231,14 +238,14 @@ class SequenceBatcher:
                 return 0
         elif self.utilization == 0.0 or len(busy) / self.max_batch >= self.utilization:
             return 0
-        oldest = min(s.sequence.queue[0].enqueue_ns for s in busy)
+        oldest = min(_head(s).queue[0].enqueue_ns for s in busy)
         return oldest + self.delay_ns - time.perf_counter_ns()
 
     def _drop_cancelled(self, busy: list[_Slot]) -> list[_Slot]:
         """A cancelled request cancels its sequence (as in Triton): fail what it has queued."""
         live = []
         for slot in busy:
-            sequence = slot.sequence
+            sequence = _head(slot)
             if not sequence.queue[0].is_cancelled():
                 live.append(slot)
                 continue
@@ -252,7 +259,7 @@ class SequenceBatcher:
 
     def _take(self, slot: _Slot) -> InferenceRequest:
         """The slot's next request, with its controls and state filled in."""
-        sequence = slot.sequence
+        sequence = _head(slot)
         request = sequence.queue.popleft()
         self.controls.add_to(request, sequence.corrid)
         states = slot.states

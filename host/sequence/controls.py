@@ -110,7 +110,7 @@ class Controls:
             if flag is not None:
                 request.inputs[flag.name] = flag.off
         if self.corrid_name:
-            request.inputs[self.corrid_name] = self.corrid_tensor("" if self.corrid_type == "BYTES" else 0)
+            request.inputs[self.corrid_name] = self._corrid("" if self.corrid_type == "BYTES" else 0)
 
     def corrid_tensor(self, sequence_id: int | str) -> Tensor | None:
         return self._corrid(sequence_id) if self.corrid_name else None
