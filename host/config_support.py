@@ -45,8 +45,8 @@ SUPPORT: dict[str, Support] = {
     "name": _impl(),
     "platform": _impl("mapped to a backend as Triton maps it"),
     "backend": _impl("a backend plugin, or a native `libtriton_<backend>.so`"),
-    "runtime": _refused("selecting another backend library or python-based backend runtime is "
-                        "not supported"),
+    "runtime": _refused("a backend library or python runtime other than the backend's own "
+                        "(`libtriton_<backend>.so`, `model.py`) is not supported"),
     "version_policy": _impl(),
     "max_batch_size": _impl(),
     "input": _impl("name, data_type, dims, optional: validated on every request"),
@@ -157,7 +157,9 @@ SUPPORT.update({
 # Refused fields set to their default are accepted: a config that spells out a default (or a
 # JSON config echoed back by a client) must still load. Each check says when a field is "set".
 _SET: dict[str, Callable[[ModelConfig], bool]] = {
-    "runtime": lambda c: bool(c.runtime),
+    # the defaults Triton itself fills in are accepted: the library named after the backend,
+    # or model.py for a python-based backend
+    "runtime": lambda c: c.runtime not in ("", "model.py", f"libtriton_{c.backend}.so"),
     "batch_input": lambda c: len(c.batch_input) > 0,
     "batch_output": lambda c: len(c.batch_output) > 0,
     "optimization.execution_accelerators.cpu_execution_accelerator": lambda c: len(

@@ -44,7 +44,7 @@ def test_the_support_document_is_up_to_date():
 
 
 REFUSED_CONFIGS = {
-    "runtime": 'runtime: "model.py"',
+    "runtime": 'runtime: "libtriton_other.so"',
     "batch_input": 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
                    'source_input: "INPUT0" } ]',
     "batch_output": 'batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
@@ -88,7 +88,7 @@ def test_refused_fields_name_themselves(path):
 
 def test_defaults_spelled_out_are_accepted():
     config = text_format.Parse(
-        'name: "m" backend: "python" runtime: "" dynamic_batching { priority_levels: 0 '
+        'name: "m" backend: "python" runtime: "libtriton_python.so" dynamic_batching { priority_levels: 0 '
         "preserve_ordering: true } instance_group [ { count: 1 passive: false rate_limiter { } } ] "
         "model_operations { } model_repository_agents { }", ModelConfig())
     config_support.check(config)
