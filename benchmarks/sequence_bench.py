@@ -5,7 +5,7 @@ Both servers serve the example repository's `sequence_accumulator` (model.py unc
 `seq_direct` (its config: direct strategy, max_batch_size 8) and `seq_oldest` (the same with
 `oldest { max_candidate_sequences: 8 }`). Per server and strategy:
 
-- throughput: perf_analyzer over gRPC, 8 concurrent sequences of 100 requests
+- throughput: perf_analyzer (gRPC unless --protocol says otherwise), 8 concurrent sequences of 100 requests
   (`--concurrency-range 8 --sequence-length 100 --sequence-length-variation 0 --serial-sequences`:
   one request in flight per sequence);
 - CPU per request, and correctness: a tritonclient run of 8 threads, each one sequence of 100
@@ -14,7 +14,8 @@ Both servers serve the example repository's `sequence_accumulator` (model.py unc
   number of requests. The other jobs on a shared machine disturb it less than throughput.
 
     python benchmarks/sequence_bench.py [--rounds 2] [--sequences 8] [--length 100]
-                                        [--skip-triton] [--out docs/sequences_benchmark.md] [--no-write]
+                                        [--protocol grpc|http|grpc-stream] [--skip-triton]
+                                        [--out docs/sequences_benchmark.md] [--no-write]
 
 The servers run one after the other, each for `--rounds` rounds per strategy after a short warm-up
 (figures: medians over the rounds). Uses the helpers of benchmarks/perf_vs_triton.py (anchor set-up,
@@ -104,8 +105,10 @@ def measure(server: pvt.Server, args, rows: list[dict], pa_rows: list[dict]) -> 
         for strategy, model in STRATEGIES.items():
             run_sequences(url, model, args.sequences, 10, 1)  # warm-up
             resdir = tempfile.mkdtemp(prefix=f"sequence_bench_{server.name}_{strategy}_")
-            pa = pvt.perf_analyzer(model, url, "grpc", [
-                "--concurrency-range", f"{args.sequences}:{args.sequences}", "--sequence-length",
+            pa_protocol, extra = pvt.MODES[args.protocol]
+            pa_url = url if pa_protocol == "grpc" else f"127.0.0.1:{server.http_port}"
+            pa = pvt.perf_analyzer(model, pa_url, pa_protocol, [
+                *extra, "--concurrency-range", f"{args.sequences}:{args.sequences}", "--sequence-length",
                 str(args.length), "--sequence-length-variation", "0", "--serial-sequences",
                 "--sequence-id-range", "100000:10000000", *PA_FLAGS],
                 os.path.join(resdir, "pa.csv"), os.path.join(resdir, "pa.log"))
@@ -149,8 +152,8 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
         "Written by `benchmarks/sequence_bench.py`; regenerate rather than edit.",
         "",
         f"The example `sequence_accumulator` python model (unchanged) under the direct and the oldest "
-        f"strategy; {args.sequences} concurrent sequences of {args.length} requests each over gRPC, "
-        "one request in flight per sequence. Throughput: perf_analyzer (`--sequence-length "
+        f"strategy; {args.sequences} concurrent sequences of {args.length} requests each, one request "
+        f"in flight per sequence. Throughput: perf_analyzer over {args.protocol} (`--sequence-length "
         f"{args.length} --sequence-length-variation 0 --serial-sequences --concurrency-range "
         f"{args.sequences}`, {' '.join(PA_FLAGS)}). CPU per request and correctness: {args.rounds} "
         f"rounds of {args.sequences} tritonclient threads, one sequence of {args.length} requests "
@@ -197,6 +200,8 @@ def main() -> int:
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--length", type=int, default=100)
     ap.add_argument("--skip-triton", action="store_true")
+    ap.add_argument("--protocol", choices=sorted(pvt.MODES), default="grpc",
+                    help="perf_analyzer's protocol (the tritonclient run is always gRPC)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--out", default=os.path.join(pvt.REPO_ROOT, "docs", "sequences_benchmark.md"))
     ap.add_argument("--no-write", action="store_true")

@@ -110,7 +110,8 @@ SUPPORT: dict[str, Support] = {
     "instance_group.host_policy": _impl("name handed to native backends; no NUMA placement"),
     "default_model_filename": _impl(),
     "cc_model_filenames": _none("per-GPU model files: " + _GPU_ONLY),
-    "metric_tags": _none("reserved in Triton too"),
+    "metric_tags": _refused("extra labels on a model's metrics (Triton's `_<key>` labels) are not "
+                            "supported"),
     "parameters": _impl("handed to the backend"),
     "model_warmup": _refused("model warmup is not supported"),
     "model_operations": _refused("custom operation libraries are not supported"),
@@ -177,6 +178,7 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
     "model_warmup": lambda c: len(c.model_warmup) > 0,
     "model_operations": lambda c: len(c.model_operations.op_library_filename) > 0,
     "model_repository_agents": lambda c: len(c.model_repository_agents.agents) > 0,
+    "metric_tags": lambda c: len(c.metric_tags) > 0,
     "dynamic_batching.preserve_ordering": lambda c: c.dynamic_batching.preserve_ordering and sum(
         max(g.count, 1) * max(len(g.gpus), 1) for g in c.instance_group) > 1,
     "instance_group.passive": lambda c: bool(c.instance_group) and all(

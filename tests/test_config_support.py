@@ -67,6 +67,7 @@ REFUSED_CONFIGS = {
         "instance_group [ { secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]",
     "instance_group.passive": "instance_group [ { passive: true } ]",
     "model_warmup": 'model_warmup [ { name: "w" batch_size: 1 } ]',
+    "metric_tags": 'metric_tags { key: "team" value: "search" }',
     "model_operations": 'model_operations { op_library_filename: [ "libops.so" ] }',
     "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
 }
