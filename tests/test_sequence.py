@@ -127,6 +127,8 @@ def server(tmp_path_factory):
     (repo / "state_file" / "initial_state").mkdir()
     (repo / "state_file" / "initial_state" / "hundred.bin").write_bytes(
         np.array([100], dtype=np.int32).tobytes())
+    _model(repo, "cached", REPORT.format(max_batch=1, idle=1_000_000, strategy="")
+           + "response_cache { enable: true }", report)
     if compiler() is not None:
         (repo / "native_state" / "1").mkdir(parents=True)
         (repo / "native_state" / "config.pbtxt").write_text('name: "native_state"\n' + NATIVE)
@@ -380,6 +382,13 @@ def test_native_backend_state_flags_and_correlation_ids(http, grpc):
     send(3, 73, start=True)
     error = _error(lambda: send(-1, 73))
     assert "state 'NO_SUCH_STATE' is not a valid state name." in error.message()
+
+
+def test_the_response_cache_is_refused_for_sequence_models(http):
+    reasons = {m["name"]: m.get("reason", "") for m in http.get_model_repository_index()}
+    assert reasons["cached"] == (
+        "Response Cache does not currently support model cached with sequence batching "
+        "scheduler. Please disable the response cache.")
 
 
 # --- errors ------------------------------------------------------------------------------------
