@@ -14,12 +14,14 @@ Both servers serve the example repository's `sequence_accumulator` (model.py unc
   number of requests. The other jobs on a shared machine disturb it less than throughput.
 
     python benchmarks/sequence_bench.py [--rounds 2] [--sequences 8] [--length 100]
-                                        [--protocol grpc|http|grpc-stream] [--skip-triton]
+                                        [--passes 3] [--protocol grpc|http|grpc-stream] [--skip-triton]
                                         [--out docs/sequences_benchmark.md] [--no-write]
 
-The servers run one after the other, each for `--rounds` rounds per strategy after a short warm-up
-(figures: medians over the rounds). Uses the helpers of benchmarks/perf_vs_triton.py (anchor set-up,
-server processes) and cache_bench.py (CPU time of a process group).
+The servers run one after the other, `--passes` times (alternating, so that the noise of a shared
+machine falls on both), each for one perf_analyzer run and `--rounds` tritonclient rounds per
+strategy after a short warm-up; figures are medians. Uses the helpers of
+benchmarks/perf_vs_triton.py (anchor set-up, server processes) and cache_bench.py (CPU time of a
+process group).
 """
 from __future__ import annotations
 
@@ -137,11 +139,16 @@ def summarize(rows: list[dict], pa_rows: list[dict]) -> dict:
     summary = {key: {"client_infer_s": statistics.median(r["infer_s"] for r in rs),
                      "cpu_us": statistics.median(r["cpu_us"] for r in rs),
                      "errors": sum(len(r["errors"]) for r in rs)} for key, rs in out.items()}
+    by_key: dict = {}
     for r in pa_rows:
-        entry = summary.setdefault((r["server"], r["strategy"]), {})
-        entry["infer_s"] = r["infer_s"] if r["ok"] else None
-        entry["p50_ms"] = r["p50_ms"] if r["ok"] else None
-        entry["pa_error"] = r["error"]
+        by_key.setdefault((r["server"], r["strategy"]), []).append(r)
+    for key, rs in by_key.items():
+        ok = [r for r in rs if r["ok"]]
+        entry = summary.setdefault(key, {})
+        entry["infer_s"] = statistics.median(r["infer_s"] for r in ok) if ok else None
+        entry["p50_ms"] = statistics.median(r["p50_ms"] for r in ok) if ok else None
+        entry["pa_runs"] = f"{len(ok)}/{len(rs)}"
+        entry["pa_error"] = next((r["error"] for r in rs if not r["ok"]), "")
     return summary
 
 
@@ -155,18 +162,19 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
         f"strategy; {args.sequences} concurrent sequences of {args.length} requests each, one request "
         f"in flight per sequence. Throughput: perf_analyzer over {args.protocol} (`--sequence-length "
         f"{args.length} --sequence-length-variation 0 --serial-sequences --concurrency-range "
-        f"{args.sequences}`, {' '.join(PA_FLAGS)}). CPU per request and correctness: {args.rounds} "
+        f"{args.sequences}`, {' '.join(PA_FLAGS)}). The servers alternate, {args.passes} passes; "
+        f"figures are medians over them. CPU per request and correctness: {args.rounds} "
         f"rounds of {args.sequences} tritonclient threads, one sequence of {args.length} requests "
         "each, every answer checked; user + system time of the server's process group (Triton's "
-        "python-backend stub included) over those requests, median of the rounds.",
+        "python-backend stub included) over those requests.",
         "",
-        "| server | strategy | infer/s (perf_analyzer) | p50 ms | infer/s (tritonclient run) | "
-        "server CPU per request (us) | wrong answers |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| server | strategy | infer/s (perf_analyzer) | p50 ms | perf_analyzer runs ok | "
+        "infer/s (tritonclient run) | server CPU per request (us) | wrong answers |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (server, strategy), s in sorted(summary.items()):
-        pa = (f"{s['infer_s']:.1f} | {s['p50_ms']:.2f}" if s.get("infer_s")
-              else f"failed: {s.get('pa_error', '')[:80]} | -")
+        pa = (f"{s['infer_s']:.1f} | {s['p50_ms']:.2f} | {s['pa_runs']}" if s.get("infer_s")
+              else f"failed: {s.get('pa_error', '')[:80]} | - | {s.get('pa_runs', '-')}")
         lines.append(f"| {server} | {strategy} | {pa} | {s['client_infer_s']:.1f} | {s['cpu_us']:.0f} | "
                      f"{s['errors']} |")
     lines.append("")
@@ -196,7 +204,9 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=3,
+                    help="the servers run one after the other, this many times (figures: medians)")
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--length", type=int, default=100)
     ap.add_argument("--skip-triton", action="store_true")
@@ -211,9 +221,10 @@ def main() -> int:
     started, t0 = _dt.datetime.now(_dt.timezone.utc), time.monotonic()
     rows: list[dict] = []
     pa_rows: list[dict] = []
-    measure(pvt.modelhost_server(repo, logdir, args.python), args, rows, pa_rows)
-    if not args.skip_triton:
-        measure(pvt.triton_server(repo, logdir), args, rows, pa_rows)
+    for _ in range(args.passes):  # alternate the servers, so that noise falls on both alike
+        measure(pvt.modelhost_server(repo, logdir, args.python), args, rows, pa_rows)
+        if not args.skip_triton:
+            measure(pvt.triton_server(repo, logdir), args, rows, pa_rows)
     summary = summarize(rows, pa_rows)
     text = report(summary, args, started, time.monotonic() - t0, pvt.machine_info())
     print(text)
