@@ -66,6 +66,7 @@ class Controls:
                     self.end = flag
                 elif control.kind == _Control.CONTROL_SEQUENCE_READY:
                     self.ready = flag
+        self._padding_corrid = self.corrid_tensor("" if self.corrid_type == "BYTES" else 0)
 
     def _flag(self, name: str, control: ModelSequenceBatching.Control) -> _Flag:
         for field, datatype in _FALSE_TRUE:
@@ -109,8 +110,8 @@ class Controls:
         for flag in (self.start, self.end, self.ready):
             if flag is not None:
                 request.inputs[flag.name] = flag.off
-        if self.corrid_name:
-            request.inputs[self.corrid_name] = self._corrid("" if self.corrid_type == "BYTES" else 0)
+        if self._padding_corrid is not None:
+            request.inputs[self.corrid_name] = self._padding_corrid
 
     def corrid_tensor(self, sequence_id: int | str) -> Tensor | None:
         return self._corrid(sequence_id) if self.corrid_name else None
