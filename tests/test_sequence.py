@@ -89,6 +89,49 @@ instance_group [ { kind: KIND_CPU count: 2 } ]
 """
 
 
+ONNX_STATE = """
+backend: "onnxruntime"
+max_batch_size: 4
+sequence_batching {
+  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def _onnx_accumulator(path: Path) -> None:
+    """OUTPUT = STATE_OUT = INPUT + STATE_IN * (1 - START): a graph with a control input and an
+    implicit state, as Triton's ONNX sequence models have them."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def tensor(name):
+        return helper.make_tensor_value_info(name, TensorProto.INT32, [None, 1])
+
+    one = helper.make_tensor("one", TensorProto.INT32, [1], [1])
+    nodes = [helper.make_node("Sub", ["one", "START"], ["keep"]),
+             helper.make_node("Mul", ["STATE_IN", "keep"], ["kept"]),
+             helper.make_node("Add", ["INPUT", "kept"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"])]
+    graph = helper.make_graph(nodes, "accumulator", [tensor("INPUT"), tensor("START"), tensor("STATE_IN")],
+                              [tensor("OUTPUT"), tensor("STATE_OUT")], initializer=[one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def _has_onnx() -> bool:
+    try:
+        import modelhost_onnxruntime  # noqa: F401
+        import onnx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _model(repo: Path, name: str, config: str, source: Path) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n' + config)
@@ -129,6 +172,10 @@ def server(tmp_path_factory):
         np.array([100], dtype=np.int32).tobytes())
     _model(repo, "cached", REPORT.format(max_batch=1, idle=1_000_000, strategy="")
            + "response_cache { enable: true }", report)
+    if _has_onnx():
+        (repo / "onnx_state" / "1").mkdir(parents=True)
+        (repo / "onnx_state" / "config.pbtxt").write_text('name: "onnx_state"\n' + ONNX_STATE)
+        _onnx_accumulator(repo / "onnx_state" / "1" / "model.onnx")
     if compiler() is not None:
         (repo / "native_state" / "1").mkdir(parents=True)
         (repo / "native_state" / "config.pbtxt").write_text('name: "native_state"\n' + NATIVE)
@@ -365,6 +412,18 @@ def test_initial_state_from_a_file_and_the_state_as_a_debug_output(http):
     assert first.as_numpy("OUTPUT").item() == 101
     assert second.as_numpy("OUTPUT").item() == 103
     assert second.as_numpy("STATE_OUT").item() == 103  # listed as an output: the client may read it
+
+
+@pytest.mark.skipif(not _has_onnx(), reason="needs onnx and the onnxruntime plugin")
+def test_onnx_model_with_control_input_and_implicit_state(grpc):
+    def send(value, sid, start=False, end=False):
+        r = grpc.infer("onnx_state", [_input(grpcclient, value)], sequence_id=sid,
+                       sequence_start=start, sequence_end=end)
+        assert [o.name for o in r.get_response().outputs] == ["OUTPUT"]
+        return r.as_numpy("OUTPUT").item()
+
+    assert [send(3, 91, start=True), send(4, 91), send(5, 91, end=True)] == [3, 7, 12]
+    assert [send(1, 91, start=True), send(1, 91, end=True)] == [1, 2]
 
 
 @pytest.mark.skipif(compiler() is None, reason="no C compiler to build the stateful backend")
