@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from host import __version__
+from host import __version__, cli_triton
 from host.options import CONTROL_MODES, ServerOptions
 
 
@@ -63,8 +63,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
     _flag(p, "--exit-on-error", "exit if any model fails to load at start")
-    _flag(p, "--strict-model-config", "accepted for compatibility: configs are always auto-completed")
-    _flag(p, "--strict-readiness", "accepted for compatibility", default=True)
+    _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
+          "--disable-auto-complete-config")
+    _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
+          "READY (default false here; Triton's default is true)", default=False)
     p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
                    help="do not load the plugin NAME (repeatable; also MODELHOST_BLOCK_PLUGINS=a,b)")
     p.add_argument("--http-address", default="0.0.0.0")
@@ -87,7 +89,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument("--model-load-thread-count", type=int, default=4)
+    p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
+                   help="how many models load in parallel at start-up")
+    cli_triton.add_flags(p, _flag)
     p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
                    metavar="NAME,KEY=VALUE",
                    help="enable the response cache NAME with a setting (repeatable), e.g. "
@@ -126,6 +130,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_load_thread_count=args.model_load_thread_count,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         cache_directory=args.cache_directory,
+        strict_readiness=args.strict_readiness,
+        **cli_triton.options(args),
     )
 
 

@@ -60,8 +60,7 @@ SUPPORT: dict[str, Support] = {
                                            "does"),
     "output": _impl("name, data_type, dims: responses are checked against them"),
     "output.reshape": _impl("the backend's output is reshaped to dims for the client"),
-    "output.label_filename": _none("used by the classification extension, which is refused per "
-                                   "request"),
+    "output.label_filename": _impl("labels of the classification extension"),
     "output.is_shape_tensor": _impl("refused at load except for TensorRT models"),
     "output.is_non_linear_format_io": _impl("refused at load except for TensorRT models"),
     "batch_input": _refused("batch inputs (ragged batching helpers) are not supported"),

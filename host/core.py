@@ -13,12 +13,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, datatypes, parameters, shm
+from host import __version__, classification, datatypes, overrides, parameters, raw_input, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
-                         InvalidArgumentError, UnavailableError)
+                         InvalidArgumentError, UnavailableError, error_for)
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
@@ -43,12 +43,18 @@ class Host:
                 f"(expected one of {', '.join(CONTROL_MODES)})")
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
         self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
-                                    native_loader=native_backend.loader(self.options.backend_directory))
+                                    native_loader=native_backend.loader(self.options.backend_directory),
+                                    config=_backend_settings(self.options))
         # The response cache (None without --cache-config); see _prepare for where it is used.
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
-        self.manager = ModelManager(self.options.model_repositories, self.backends,
-                                    self.options.model_control_mode, self._on_model_state)
+        opts = self.options
+        self.manager = ModelManager(opts.model_repositories, self.backends,
+                                    opts.model_control_mode, self._on_model_state,
+                                    auto_complete=not (opts.disable_auto_complete_config
+                                                       or opts.strict_model_config),
+                                    config_name=opts.model_config_name,
+                                    load_threads=opts.model_load_thread_count)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
@@ -111,10 +117,12 @@ class Host:
         return not self._stopping.is_set()
 
     def ready(self) -> bool:
-        return self._ready
+        if not self._ready:
+            return False
+        return not self.options.strict_readiness or self.manager.all_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__,
+        return {"name": self.options.server_id or SERVER_NAME, "version": __version__,
                 "extensions": EXTENSIONS + self.shm.extensions()}
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -190,8 +198,7 @@ class Host:
         cancels the request."""
         mv = self.manager.get(request.model_name, request.model_version)
         responses: queue.SimpleQueue = queue.SimpleQueue()
-        self._admit(mv, request)
-        hit = self._prepare(mv, request, lambda r, final: responses.put((r, final)))
+        hit = self._admit_and_prepare(mv, request, lambda r, final: responses.put((r, final)))
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
@@ -215,15 +222,26 @@ class Host:
         self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        self._admit(mv, request)
-        hit = self._prepare(mv, request, callback)
+        hit = self._admit_and_prepare(mv, request, callback)
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
             self._schedule(mv, request)
 
+    def _admit_and_prepare(self, mv: ModelVersion, request: InferenceRequest,
+                           callback: ResponseCallback) -> InferenceResponse | None:
+        try:
+            self._admit(mv, request)
+            return self._prepare(mv, request, callback)
+        except BaseException:
+            if request.shm_regions:  # refused before it ran: its regions are free again
+                shm.release_request(request, self.shm)
+            raise
+
     def _admit(self, mv: ModelVersion, request: InferenceRequest) -> None:
         """The checks every request passes before it is scheduled, whatever its front end."""
+        if request.raw_input:
+            raw_input.resolve(request, mv.config)
         if request.uses_shm:
             shm.bind_request(request, self.shm, mv.name)
         parameters.interpret(request)
@@ -241,6 +259,8 @@ class Host:
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
         reshape = mv.rules.reshape_outputs if mv.rules.output_reshapes else None
+        classes = request.classification
+        shm_manager = self.shm
         error: HostError | None = None
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
@@ -259,14 +279,21 @@ class Host:
                 else:
                     if wanted is not None:
                         response.outputs = [t for t in response.outputs if t.name in wanted]
-                    if shm_outputs is not None:
-                        try:
+                    try:
+                        if classes is not None:
+                            response.outputs = [
+                                classification.apply(t, classes[t.name], mv.batching,
+                                                     mv.labels.get(t.name))
+                                if t.name in classes else t for t in response.outputs]
+                        if shm_outputs is not None:
                             shm.write_outputs(response, shm_outputs)
-                        except HostError as exc:
-                            error = exc
-                            response = InferenceResponse(name, version, request.id, error=exc)
+                    except HostError as exc:
+                        error = exc
+                        response = InferenceResponse(name, version, request.id, error=exc)
             if final:
                 request.completed = True
+                if request.shm_regions:
+                    shm.release_request(request, shm_manager)
                 now = time.perf_counter_ns()
                 started = request.exec_start_ns
                 stats.request_done(error is None, now - request.enqueue_ns,
@@ -306,10 +333,21 @@ class Host:
 
     def load_model(self, name: str, config: str | None = None,
                    files: dict[str, bytes] | None = None) -> None:
+        """Load (or reload) a model, optionally with a config override and its own files."""
         self.manager.check_control_allowed()
-        if files:
-            raise UnsupportedError("loading a model with file content overrides is not supported")
-        self.manager.load(name, config)
+        overrides.check_model_name(name)
+        try:
+            folder = None
+            if files:
+                if config is None:
+                    raise InvalidArgumentError(overrides.CONFIG_REQUIRED)
+                folder = overrides.write(name, files, self.options.http_max_input_size)
+            self.manager.load(name, config, override_dir=folder)  # removes an unused folder
+        except HostError as exc:
+            if (config is None and not files) or exc.message.startswith("failed to load"):
+                raise
+            # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
+            raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
@@ -328,6 +366,14 @@ class Host:
                 raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
+
+
+def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:
+    """--backend-config settings by backend; with auto-complete off, backends are told so."""
+    settings = {name: dict(values) for name, values in options.backend_config.items()}
+    if options.disable_auto_complete_config or options.strict_model_config:
+        settings.setdefault("", {}).setdefault("auto-complete-config", "false")
+    return settings
 
 
 def _after_final(response: InferenceResponse | None, final: bool) -> None:

@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from host import config_support
+from host import classification, config_support
 from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -55,6 +55,9 @@ class ModelVersion:
         self.state, self.reason = LOADING, ""
         self.stats = ModelStats(spec.name, spec.version)
         self.rules = RequestRules(spec.config)
+        self.batching = spec.config.max_batch_size > 0
+        # Classification labels by output (label_filename), read once at load.
+        self.labels = classification.load_labels(spec.config, spec.path)
         self._model: Model | None = None
         self._slots: list[InstanceSlot] = []
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None

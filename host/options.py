@@ -38,3 +38,16 @@ class ServerOptions:
     # caches (<dir>/<name>/libtritoncache_<name>.so) are searched.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     cache_directory: Path | None = None
+    # Triton flags with Triton's meaning (docs/triton_compat.md).
+    server_id: str = "modelhost"  # --id: the server name in the metadata
+    # --backend-config: settings by backend name; "" holds the ones for every backend.
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    disable_auto_complete_config: bool = False
+    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt first
+    strict_readiness: bool = False  # ready only while every model that was loaded is READY
+    rate_limit: str = "off"  # only "off": the rate limiter is not implemented
+    rate_limit_resources: list[str] = field(default_factory=list)  # accepted, no effect with "off"
+    # Memory pools: accepted for compatibility; tensors here live in numpy/cupy memory.
+    pinned_memory_pool_byte_size: int = 256 * 1024 * 1024
+    cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
+    cuda_virtual_address_size: dict[int, int] = field(default_factory=dict)

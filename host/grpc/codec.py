@@ -220,7 +220,8 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     params = msg.parameters
     request = InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
                                id=msg.id, inputs=inputs, outputs=outputs,
-                               parameters=parameters_to_dict(params) if params else {})
+                               parameters=parameters_to_dict(params) if params else {},
+                               protocol="grpc")
     request.uses_shm = uses_shm
     return request
 

@@ -53,9 +53,8 @@ class _Resource:
     def env_body(self, env: dict[str, Any]) -> bytes:
         """The request body from the WSGI environ, size-limited and decompressed."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        data = body.read(env["wsgi.input"], _content_length(env), chunked, self.max_input_size)
-        encoding = env.get("HTTP_CONTENT_ENCODING")
-        return body.decode(data, encoding, self.max_input_size) if encoding else data
+        return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
+                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"))
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""
