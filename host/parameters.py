@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from host import classification
-from host.errors import InvalidArgumentError
+from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest
 
 RESERVED_PREFIX = "triton_"
