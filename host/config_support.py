@@ -117,7 +117,9 @@ SUPPORT: dict[str, Support] = {
     "model_transaction_policy": _impl("decoupled models answer over streams"),
     "model_repository_agents": _refused("repository agents are not supported"),
     "response_cache": _impl("refused for sequence and decoupled models, as in Triton"),
-    "model_metrics": _none("per-model histogram buckets: histogram metrics are not exported"),
+    "model_metrics": _impl("buckets of nv_inference_first_response_histogram_ms for this model "
+                           "(with --metrics-config histogram_latencies=true); other families are "
+                           "warned about, as in Triton"),
 }
 
 
@@ -152,6 +154,9 @@ SUPPORT.update({
     **_fields("instance_group", "name kind count"),
     "model_transaction_policy.decoupled": _impl(),
     "response_cache.enable": _impl(),
+    **_fields("model_metrics", "metric_control metric_control.metric_identifier "
+              "metric_control.metric_identifier.family metric_control.histogram_options "
+              "metric_control.histogram_options.buckets"),
 })
 
 # Refused fields set to their default are accepted: a config that spells out a default (or a

@@ -13,12 +13,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, classification, datatypes, overrides, parameters, raw_input, shm
+from host import (__version__, classification, datatypes, headers, logsettings, overrides,
+                  parameters, raw_input, shm)
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError, error_for)
+from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
@@ -26,12 +28,13 @@ from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
+from host.trace import TraceManager
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelhost"
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "generate"]
+              "binary_tensor_data", "parameters", "statistics", "generate", "trace", "logging"]
 
 
 class Host:
@@ -55,10 +58,22 @@ class Host:
                                                        or opts.strict_model_config),
                                     config_name=opts.model_config_name,
                                     load_threads=opts.model_load_thread_count)
+        self.latency_config = parse_metrics_config(self.options.metrics_config)
+        if self.latency_config.any:
+            self.manager.latency_config = self.latency_config
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
+        # Tracing: the request path checks `self.tracing` only; the manager keeps it up to date.
+        self.tracer = TraceManager(self.options.trace)
+        self.tracing = self.tracer.active
+        self.tracer.on_change = self._tracing_changed
+        # Header forwarding (host.headers): None unless a pattern was given.
+        # In OpenTelemetry trace mode they also take the W3C trace context (traceparent).
+        otel = self.tracer.mode == "opentelemetry"
+        self.http_header_forwarder = headers.forwarder(self.options.http_header_forward_pattern, otel)
+        self.grpc_header_forwarder = headers.forwarder(self.options.grpc_header_forward_pattern, otel)
         # Streams run their scheduler call here so responses reach the client while execute runs.
         self._stream_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="stream")
 
@@ -99,6 +114,7 @@ class Host:
         self._stream_pool.shutdown(wait=True)
         if self.cache is not None:
             self.cache.close()
+        self.tracer.close()  # after the last request: its traces are written or exported
         self.plugins.manager.hook.modelhost_shutdown(host=self)
 
     def _poll_loop(self) -> None:
@@ -262,6 +278,7 @@ class Host:
         classes = request.classification
         shm_manager = self.shm
         error: HostError | None = None
+        latency = stats.latency  # host.latency: None unless --metrics-config asks for it
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
             nonlocal error
@@ -271,6 +288,8 @@ class Host:
             if probe is not None and final:
                 probe.finish(response)  # stores a success with every output, before the filter
             if response is not None:
+                if latency is not None and latency.first_response is not None:
+                    _first_response(request, latency)
                 response.model_name, response.model_version, response.id = name, version, request.id
                 if reshape is not None and response.error is None:
                     reshape(response)  # an output that cannot take its dims makes it an error
@@ -307,6 +326,8 @@ class Host:
 
         request.callback = on_response
         request.enqueue_ns = time.perf_counter_ns()
+        if self.tracing:  # the only cost of tracing while no setting can sample
+            self.tracer.begin(mv, request)
         # --- response cache: the one place the request path touches it; after the request's
         # start time, so that its duration includes the lookup (as Triton's does).
         if self.cache is not None:
@@ -366,6 +387,33 @@ class Host:
                 raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
+
+    # --- trace and logging extensions ----------------------------------------------------------
+    def _tracing_changed(self, active: bool) -> None:
+        self.tracing = active
+
+    def trace_setting(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's trace extension: the effective setting of `model` (or the global one), after
+        applying `changes` (setting -> text value, a list for trace_level, None to clear)."""
+        if model and not self.model_ready(model):
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if changes:
+            return self.tracer.update(model, changes)
+        return self.tracer.get(model)
+
+    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's logging extension: the log settings, after applying `changes`."""
+        if changes:
+            return logsettings.update(changes)
+        return logsettings.current().as_dict()
+
+
+def _first_response(request: InferenceRequest, latency: Any) -> None:
+    # nv_inference_first_response_histogram_ms: observed once per request (a decoupled model's
+    # later responses are not).
+    if not request.first_response_seen:
+        request.first_response_seen = True
+        latency.responded(time.perf_counter_ns() - request.enqueue_ns)
 
 
 def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from host import overrides, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
+from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 
@@ -74,6 +76,7 @@ class ModelManager:
         self._on_state = on_state or (lambda *a: None)
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
+        self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
@@ -288,6 +291,7 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        started = time.perf_counter()
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
@@ -299,7 +303,11 @@ class ModelManager:
                 backend.auto_complete_config(spec)
             config_mod.normalize_config(spec.config, entry.name)
             mv = ModelVersion(spec)
+            if self.latency_config is not None:  # summaries / histograms (host.latency)
+                mv.stats.latency = LatencyRecorder(for_model(self.latency_config, spec.config),
+                                                   bool(spec.config.response_cache.enable))
             mv.load(backend)
+            mv.load_duration_secs = time.perf_counter() - started
         except BaseException as exc:
             self.backends.release(backend_name)
             if isinstance(exc, HostError):

@@ -63,6 +63,8 @@ class ModelVersion:
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
+        self.tracing = False  # set once a request of this model was sampled (host.trace)
+        self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:
@@ -149,6 +151,12 @@ class ModelVersion:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    def pending_requests(self) -> int:
+        """Requests scheduled and not executing yet, as the scheduler counts them (0 when it
+        has no such notion)."""
+        pending = getattr(self.scheduler, "pending", None)
+        return pending() if pending is not None else 0
 
     def metrics(self) -> list:
         """The backend model's own metric families (`host.backend.Model.metrics`)."""

@@ -4,6 +4,7 @@ audit implemented (reshape, passive instances) work through a real server."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -159,7 +160,10 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
            '{ name: "R" count: 1 } ] } } ]', IDENTITY)
     _model(tmp_path, "half_passive", IO + "instance_group [ { name: \"active\" count: 1 }, "
            "{ name: \"standby\" count: 1 passive: true } ]", WHO)
-    with serve(tmp_path) as server:
+    _model(tmp_path, "bucketed", IO + 'model_metrics { metric_control [ { metric_identifier { '
+           'family: "nv_inference_first_response_histogram_ms" } histogram_options { '
+           'buckets: [ 3, 70 ] } } ] }', IDENTITY)
+    with serve(tmp_path, "--metrics-config", "histogram_latencies=true") as server:
         client = httpclient.InferenceServerClient(server.url)
         reasons = {m["name"]: m.get("reason", "") for m in client.get_model_repository_index()}
         assert "configuration field 'model_warmup' is not supported" in reasons["warm"]
@@ -177,3 +181,10 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
         i.set_data_from_numpy(np.ones(4, dtype=np.float32))
         who = {client.infer("half_passive", [i]).as_numpy("WHO").item() for _ in range(4)}
         assert who == {b"active_0"}  # the passive instance is loaded, never scheduled
+
+        client.infer("bucketed", [i])  # model_metrics: the model's own histogram buckets
+        with urllib.request.urlopen(server.metrics_url) as response:
+            lines = response.read().decode().splitlines()
+        buckets = [line for line in lines if line.startswith(
+            "nv_inference_first_response_histogram_ms_bucket") and 'model="bucketed"' in line]
+        assert [line.split('le="')[1].split('"')[0] for line in buckets] == ["3", "70", "+Inf"]

@@ -494,12 +494,6 @@ def test_aio_client(endpoint: Endpoint) -> None:
     np.testing.assert_array_equal(asyncio.run(run()), np.full((1, 16), 2, np.int32))
 
 
-def test_trace_and_log_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_trace_settings, client.get_log_settings):
-        with _raises(grpc.StatusCode.UNIMPLEMENTED):
-            call()
-
-
 DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 

@@ -515,10 +515,17 @@ def test_every_triton_flag(tmp_path):
         "--pinned-memory-pool-byte-size=1048576",
         "--cuda-memory-pool-byte-size=0:1048576",
         "--cuda-virtual-address-size=0:1048576",
+        f"--log-file={tmp_path / 'server.log'}", "--log-format=ISO8601",
+        "--log-info=true", "--log-warning=false", "--log-error=true",
     ]
     with serve(MODELS, *flags, env={"PARITY_GATE": str(gate)}) as s:
         client = httpclient.InferenceServerClient(s.url)
         assert client.get_server_metadata()["name"] == "parity-server"
+        # the log flags (docs/observability.md; tests/test_logging_ext.py checks the lines)
+        assert client.get_log_settings() == {
+            "log_file": str(tmp_path / "server.log"), "log_info": True, "log_warning": False,
+            "log_error": True, "log_verbose_level": 0, "log_format": "ISO8601"}
+        assert "successfully loaded 'wait_a'" in (tmp_path / "server.log").read_text()
         assert grpcclient.InferenceServerClient(s.grpc_url).get_server_metadata().name == "parity-server"
         # --model-load-thread-count: each of the two waited for the other while loading
         for name in ("wait_a", "wait_b"):
