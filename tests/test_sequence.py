@@ -487,3 +487,65 @@ def test_triton_errors_for_bad_sequence_requests(http, grpc):
     # and the server keeps serving
     assert _infer(http, "sequence_accumulator", 4, 83, start=True, end=True).as_numpy(
         "OUTPUT").item() == 4
+
+
+# --- implicit state: Triton's load-time checks of `initial_state` -------------------------------
+
+@pytest.mark.parametrize("state, message", [
+    ('initial_state: [ { name: "a" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }, '
+     '{ name: "b" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } ]',
+     "initial_state field for state input 'S_IN' must contain exactly one or zero element. "
+     "Found '2' elements."),
+    ('initial_state: { name: "a" data_type: TYPE_FP32 dims: [ 1 ] zero_data: true }',
+     "The data type used for 'initial_state' field of state 'S_IN' does not match the state "
+     "data type."),
+    ('initial_state: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }',
+     "Field 'name' must be set when using initial_state for state input 'S_IN'."),
+    ('initial_state: { name: "a" data_type: TYPE_INT32 dims: [ 1, 1 ] zero_data: true }',
+     "Number of dimensions in 'initial_state' doesn't match the size of 'state' dimensions for "
+     "state input 'S_IN'. 2 != 1"),
+    ('initial_state: { name: "a" data_type: TYPE_INT32 dims: [ -1 ] zero_data: true }',
+     "'initial_state' field for state input name 'S_IN' contains variable dimensions."),
+    ('initial_state: { name: "a" data_type: TYPE_INT32 dims: [ 3 ] data_file: "two_ints" }',
+     "initial_state setting expects 12 bytes, but the data provided from two_intsonly has 8 "
+     "bytes."),
+    ('initial_state: { name: "a" data_type: TYPE_INT32 dims: [ 3 ] }',
+     "initial_state setting expects state'S_IN' to have state_data set"),
+])
+def test_initial_state_checks(tmp_path, state, message):
+    from google.protobuf import text_format
+
+    from host.errors import InvalidArgumentError
+    from host.proto.model_config_pb2 import ModelConfig
+    from host.sequence.state import StateSpecs
+
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "two_ints").write_bytes(np.array([1, 2], np.int32).tobytes())
+    config = text_format.Parse(
+        'name: "m" max_batch_size: 0 sequence_batching { state [ { input_name: "S_IN" '
+        f'output_name: "S_OUT" data_type: TYPE_INT32 dims: [ -1 ] {state} }} ] }}', ModelConfig())
+    with pytest.raises(InvalidArgumentError) as info:
+        StateSpecs(config, tmp_path)
+    assert str(info.value) == message
+
+
+def test_initial_state_shapes(tmp_path):
+    from google.protobuf import text_format
+
+    from host.proto.model_config_pb2 import ModelConfig
+    from host.sequence.state import StateSpecs
+
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "f").write_bytes(np.arange(6, dtype=np.float32).tobytes())
+    config = text_format.Parse(
+        'name: "m" max_batch_size: 4 sequence_batching { state [ '
+        '{ input_name: "A" output_name: "A_OUT" data_type: TYPE_FP32 dims: [ -1, 3 ] '
+        '  initial_state: { name: "f" data_type: TYPE_FP32 dims: [ 2, 3 ] data_file: "f" } }, '
+        '{ input_name: "B" output_name: "B_OUT" data_type: TYPE_INT64 dims: [ -1, 2 ] } ] }',
+        ModelConfig())
+    states = StateSpecs(config, tmp_path).new()
+    inputs: dict = {}
+    states.add_to(inputs)
+    assert inputs["A"].shape == [1, 2, 3] and inputs["A"].data.tolist() == [[[0, 1, 2], [3, 4, 5]]]
+    assert inputs["B"].shape == [1, 1, 2] and inputs["B"].data.dtype == np.int64
+    assert not inputs["B"].data.any()  # no initial_state: zeros, variable dims as 1
