@@ -57,6 +57,7 @@ class ModelVersion:
         self.scheduler: DirectScheduler | DynamicBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
+        spec.report_failure = self.fail
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:
@@ -99,6 +100,13 @@ class ModelVersion:
             self.scheduler.stop()
         self._finalize()
         self.state, self.reason = UNAVAILABLE, "unloaded"
+
+    def fail(self, reason: str) -> None:
+        """The backend model can no longer serve (see `ModelSpec.report_failure`)."""
+        with self._cond:
+            if self.state == READY:
+                log.error("model '%s' version %d is UNAVAILABLE: %s", self.name, self.version, reason)
+                self.state, self.reason = UNAVAILABLE, reason
 
     def _finalize(self) -> None:
         """Finalize instances (reverse order), then the model; errors are logged, not raised."""
