@@ -18,7 +18,7 @@ import orjson
 from host.config import config_to_json
 from host.core import Host
 from host.errors import Code, HostError, InternalError, InvalidArgumentError
-from host.http import body, codec, generate
+from host.http import body, codec, generate, openai
 from host.http.server import CLIENT_GONE
 from host.http.status import error_body, status_line
 from host.inference import InferenceRequest, InferenceResponse
@@ -414,4 +414,5 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Fast
     app.add_route("/v2/repository/index", repo, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)
+    openai.add_routes(app, host, repo.body)  # /v1/...: the OpenAI-compatible API (docs/llm.md)
     return FastInfer(app, infer)

@@ -245,7 +245,8 @@ class InflightModel(Model):
                                            f"manager failed ({self.manager.error})")
                 rid = next(self._ids)
                 generation, text = generation_request(rid, request, self.exclude_input, self.text,
-                                                      self.eos_ids, self.processors, self.post_processor)
+                                                      self.eos_ids, self.processors, self.post_processor,
+                                                      self.decoder.max_seq_len)
                 problem = self.manager.check(generation)
                 if problem:
                     raise InvalidArgumentError(problem)

@@ -1,11 +1,21 @@
-"""The batch manager's latest statistics as Prometheus gauges, under the names Triton's
-TensorRT-LLM backend uses (so its dashboards work): one family per group, the field in a label."""
+"""The batch manager's metrics for /metrics.
+
+- Its latest statistics as gauges, under the names Triton's TensorRT-LLM backend uses (so its
+  dashboards work): one family per group, the field in a label.
+- Request-level serving metrics under vLLM's names (so vLLM dashboards work), labelled
+  `model_name`: histograms `vllm:time_to_first_token_seconds`, `vllm:time_per_output_token_seconds`
+  (inter-token latency), `vllm:request_queue_time_seconds`, `vllm:e2e_request_latency_seconds`;
+  counters `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
+  `vllm:request_success_total{finished_reason}`; gauges `vllm:num_requests_running`,
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1; vLLM's older name
+  `vllm:gpu_cache_usage_perc` is exported too).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 # family, help, label, ((label value, stats field), ...)
 _GROUPS = [
@@ -26,10 +36,54 @@ _GROUPS = [
 ]
 
 
-def families(model: str, version: str, stats: dict[str, Any]) -> list[GaugeMetricFamily]:
+_HISTOGRAMS = [
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+    ("vllm:time_per_output_token_seconds", "Histogram of inter-token latency in seconds.", "inter_token"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.",
+     "queue_time"),
+    ("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", "e2e"),
+]
+
+
+def serving_families(model: str, manager: Any) -> list[Any]:
+    m = manager.metrics
+    labels = ["model_name"]
+    out: list[Any] = []
+    for name, doc, attr in _HISTOGRAMS:
+        h = getattr(m, attr)
+        family = HistogramMetricFamily(name, doc, labels=labels)
+        family.add_metric([model], h.cumulative(), sum_value=h.total)
+        out.append(family)
+    for name, doc, value in (("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens),
+                             ("vllm:generation_tokens", "Number of generation tokens processed.",
+                              m.generation_tokens)):
+        family = CounterMetricFamily(name, doc, labels=labels)
+        family.add_metric([model], value)
+        out.append(family)
+    success = CounterMetricFamily("vllm:request_success", "Count of finished requests by reason.",
+                                  labels=labels + ["finished_reason"])
+    for reason, count in m.finished.items():
+        success.add_metric([model, reason], count)
+    out.append(success)
+    cache = manager.cache
+    usage = cache.num_used / cache.num_blocks if cache.num_blocks else 0.0
+    for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+             len(manager.active)),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+             len(manager.waiting)),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage),
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name).", usage)):
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        family.add_metric([model], value)
+        out.append(family)
+    return out
+
+
+def families(model: str, version: str, stats: dict[str, Any], manager: Any = None) -> list[Any]:
+    out: list[Any] = serving_families(model, manager) if manager is not None else []
     if not stats:
-        return []
-    out = []
+        return out
     for name, doc, label, fields in _GROUPS:
         family = GaugeMetricFamily(name, doc, labels=["model", label, "version"])
         for value, key in fields:

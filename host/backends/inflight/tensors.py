@@ -252,7 +252,8 @@ class TextState:
 def generation_request(rid: int, request: InferenceRequest, exclude_input: bool,
                        text: TextCodec | None = None, eos_ids: list[int] | None = None,
                        post_processors: dict[str, Callable] | None = None,
-                       default_processor: str = "") -> tuple[GenerationRequest, TextState | None]:
+                       default_processor: str = "", max_seq_len: int = 0
+                       ) -> tuple[GenerationRequest, TextState | None]:
     vllm = _sampling_parameters(request)
     src = _Source(request, vllm)
     values: dict[str, Any] = {}
@@ -262,10 +263,12 @@ def generation_request(rid: int, request: InferenceRequest, exclude_input: bool,
             values[field_name] = value
     sampling = SamplingParams(**{f: v for f, kind, names in _SAMPLING
                                  if (v := src.find(names, kind)) is not None})
-    if "max_new_tokens" not in values:
-        raise InvalidArgumentError("input 'request_output_len' (or 'max_tokens') is required")
     exclude = values.pop("exclude_input_in_output", exclude_input)
     ids = _input_ids(request, src, text)
+    if "max_new_tokens" not in values:
+        if not (max_seq_len and request.parameters.get("max_tokens_auto") is True):
+            raise InvalidArgumentError("input 'request_output_len' (or 'max_tokens') is required")
+        values["max_new_tokens"] = max(1, max_seq_len - len(ids))  # as far as the context goes
     r = GenerationRequest(request_id=rid, input_ids=ids, sampling=sampling,
                           exclude_input_in_output=True if text is not None else exclude, **values)
     r.stop_words = _token_lists(src, "stop_words_list")
