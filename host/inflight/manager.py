@@ -244,7 +244,8 @@ class BatchManager:
         model, cfg = self.model, self.config
         n = len(r.input_ids)
         if r.beam_width != 1 and (not isinstance(r.beam_width, int) or r.beam_width > self.max_beam_width):
-            return f"beam width {r.beam_width} is not supported (max beam width {self.max_beam_width})"
+            return (f"beam width {r.beam_width} is not supported (beam_width above the model's "
+                    f"max_beam_width {self.max_beam_width})")
         problem = r.problem()
         if problem:
             return problem

@@ -121,7 +121,8 @@ class GenerationRequest:
     def problem(self) -> str:
         """Why the request's own values cannot run ('' if they can), naming the parameter."""
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            return f"the number of tokens to generate must be at least 1, got {self.max_new_tokens}"
+            return (f"the number of tokens to generate (max_tokens, request_output_len) must be at "
+                    f"least 1, got {self.max_new_tokens}")
         if not isinstance(self.beam_width, int) or self.beam_width < 1:
             return f"beam_width must be an integer >= 1, got {self.beam_width}"
         if not _finite(self.length_penalty):

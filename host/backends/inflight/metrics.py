@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 
 # family, help, label, ((label value, stats field), ...)
 _GROUPS = [
@@ -54,16 +55,18 @@ def serving_families(model: str, manager: Any) -> list[Any]:
         family = HistogramMetricFamily(name, doc, labels=labels)
         family.add_metric([model], h.cumulative(), sum_value=h.total)
         out.append(family)
-    for name, doc, value in (("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens),
-                             ("vllm:generation_tokens", "Number of generation tokens processed.",
+    # counters named with their `_total`, as vLLM's (host.metrics.render writes names as given)
+    for name, doc, value in (("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+                              m.prompt_tokens),
+                             ("vllm:generation_tokens_total", "Number of generation tokens processed.",
                               m.generation_tokens)):
-        family = CounterMetricFamily(name, doc, labels=labels)
-        family.add_metric([model], value)
+        family = Metric(name, doc, "counter")
+        family.add_sample(name, {"model_name": model}, value)
         out.append(family)
-    success = CounterMetricFamily("vllm:request_success", "Count of finished requests by reason.",
-                                  labels=labels + ["finished_reason"])
+    success = Metric("vllm:request_success_total", "Count of finished requests by reason.", "counter")
     for reason, count in m.finished.items():
-        success.add_metric([model, reason], count)
+        success.add_sample("vllm:request_success_total", {"model_name": model, "finished_reason": reason},
+                           count)
     out.append(success)
     cache = manager.cache
     usage = cache.num_used / cache.num_blocks if cache.num_blocks else 0.0
