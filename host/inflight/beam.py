@@ -124,7 +124,7 @@ def step(group: BeamGroup, cache: KVCache, rows: torch.Tensor) -> None:
     w = group.width
     scores = torch.stack([_log_probs(seq, rows[i]) for i, seq in enumerate(group.beams)])
     vocab = scores.shape[-1]
-    total = scores + torch.tensor(group.cum, dtype=scores.dtype)[:, None]
+    total = scores + torch.tensor(group.cum, dtype=scores.dtype, device=scores.device)[:, None]
     values, flat = torch.topk(total.reshape(-1), 2 * w)
     ends = _ends(group.leader)
     chosen: list[tuple[int, int, float]] = []  # (parent beam, token, cumulative log prob)

@@ -222,12 +222,20 @@ class LlamaDecoder(_Decoder):
                 "up_b": w.take(p + "mlp.up_proj.bias", (inter,), optional=not mlp_bias),
                 "down_b": w.take(p + "mlp.down_proj.bias", (hidden,), optional=not mlp_bias),
             })
+        for b in self.blocks:  # one matrix product for q, k, v and one for gate, up: fewer, larger
+            b["qkv"] = torch.cat([b.pop("q"), b.pop("k"), b.pop("v")])
+            biases = [b.pop("qb"), b.pop("kb"), b.pop("vb")]
+            b["qkv_b"] = None if biases[0] is None else torch.cat(biases)
+            b["gate_up"] = torch.cat([b.pop("gate"), b.pop("up")])
+            biases = [b.pop("gate_b"), b.pop("up_b")]
+            b["gate_up_b"] = None if biases[0] is None else torch.cat(biases)
         self.norm = w.take("norm.weight", (hidden,))
         w.prefix = ""
         head = w.take("lm_head.weight", (self.vocab_size, hidden),
                       optional=bool(config.get("tie_word_embeddings", False)))
         self.lm_head = self.embed if head is None else head
         w.finish(ignore=("rotary_emb.inv_freq",))
+        self._qkv_split = [q_out, kv_out, kv_out]
         inv_freq, _ = _rope_inv_freq(config, self.head_dim)
         self.inv_freq = inv_freq.to(device)
 
@@ -243,9 +251,10 @@ class LlamaDecoder(_Decoder):
         cos, sin = self._rope(batch.positions)
         for i, b in enumerate(self.blocks):
             h = _rms_norm(x, b["ln1"], self.eps)
-            q = F.linear(h, b["q"], b["qb"]).view(t, self.heads, self.head_dim)
-            k = F.linear(h, b["k"], b["kb"]).view(t, self.kv_heads, self.head_dim)
-            v = F.linear(h, b["v"], b["vb"]).view(t, self.kv_heads, self.head_dim)
+            q, k, v = F.linear(h, b["qkv"], b["qkv_b"]).split(self._qkv_split, dim=-1)
+            q = q.reshape(t, self.heads, self.head_dim)
+            k = k.reshape(t, self.kv_heads, self.head_dim)
+            v = v.reshape(t, self.kv_heads, self.head_dim)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = cache.keys[i], cache.values[i]
@@ -254,8 +263,8 @@ class LlamaDecoder(_Decoder):
             attn = paged_attention(q, keys, values, batch, self.window)
             x = x + F.linear(attn.reshape(t, -1), b["o"], b["ob"])
             h = _rms_norm(x, b["ln2"], self.eps)
-            x = x + F.linear(F.silu(F.linear(h, b["gate"], b["gate_b"])) * F.linear(h, b["up"], b["up_b"]),
-                             b["down"], b["down_b"])
+            gate, up = F.linear(h, b["gate_up"], b["gate_up_b"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, b["down"], b["down_b"])
         return F.linear(_rms_norm(x[batch.logits_index], self.norm, self.eps), self.lm_head)
 
 

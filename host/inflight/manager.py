@@ -298,7 +298,7 @@ class BatchManager:
             seq.num_cached += n
             if seq.request.return_context_logits and seq.context_logits is None and count:
                 prompt_rows = min(count, seq.prompt_len - start)
-                part = logits[first:first + prompt_rows].float().numpy().copy()
+                part = logits[first:first + prompt_rows].float().cpu().numpy().copy()
                 seq.extra.setdefault("ctx", []).append(part)
                 if start + prompt_rows >= seq.prompt_len:
                     seq.context_logits = np.concatenate(seq.extra.pop("ctx"))
@@ -330,7 +330,7 @@ class BatchManager:
             if choice.top[i] is not None:
                 seq.top.append(choice.top[i])
             if seq.request.return_generation_logits:
-                seq.generation_logits.append(chosen[i].float().numpy().copy())
+                seq.generation_logits.append(chosen[i].float().cpu().numpy().copy())
             stop = seq.request.stop_check
             if stop is not None:
                 try:
