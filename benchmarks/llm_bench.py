@@ -29,7 +29,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +101,7 @@ def run_transformers(model, work: Work, batch: int) -> Outcome:
         first: list[float] = []
 
         class FirstStep(LogitsProcessor):
-            def __call__(self, input_ids, scores):
+            def __call__(self, input_ids, scores, first=first):
                 if not first:
                     first.append(time.perf_counter() - start)
                 return scores
@@ -174,11 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--requests", type=int, default=32)
     p.add_argument("--mean-out", type=int, default=64)
     p.add_argument("--max-out", type=int, default=256)
-    p.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals, requests/s")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rate", type=float, default=8.0, help="Poisson arrivals, requests/s")
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)

@@ -5,7 +5,6 @@ UNAVAILABLE with requests failing at once (issue 15, finding 6)."""
 from __future__ import annotations
 
 import queue
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -9,7 +9,6 @@ import json
 import math
 import re
 import socket
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path

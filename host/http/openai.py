@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from host.core import Host
-from host.errors import Code, HostError, NotFoundError
+from host.errors import Code, HostError
 from host.http.generate import CLIENT_POLL_S, CONTENT_TYPE_SSE
 from host.http.server import CLIENT_GONE
 from host.http.status import http_status

@@ -88,7 +88,7 @@ def start(cache: KVCache, leader: Sequence, row: torch.Tensor) -> BeamGroup:
     lp = _log_probs(leader, row)
     values, ids = torch.topk(lp, width)
     group = BeamGroup(leader, width)
-    for i, (tok, v) in enumerate(zip(ids.tolist(), values.tolist())):
+    for i in range(width):
         seq = leader if i == 0 else Sequence(leader.request)
         if i:
             seq.tokens = list(leader.tokens)
@@ -164,7 +164,7 @@ def _reassign(group: BeamGroup, cache: KVCache, chosen: list[tuple[int, int, flo
             tables.append(old[parent][2])
         else:
             tables.append(_fork(cache, group.beams[parent]))
-    for seq, (parent, tok, v), table in zip(group.beams, chosen, tables):
+    for seq, (parent, tok, _), table in zip(group.beams, chosen, tables):
         tokens, log_probs, _ = old[parent]
         seq.tokens = tokens + [tok]
         seq.log_probs = log_probs + [float(scores[parent, tok])]

@@ -18,7 +18,6 @@ Any model with the same `forward` contract and the attributes `layers`, `heads`,
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
