@@ -6,7 +6,9 @@ checkpoint, the same workload, side by side in one run.
     python benchmarks/llm_bench.py --quick      # a smaller model and workload
 
 Workload (seeded): prompts of 16-96 tokens, output lengths exponential (mean --mean-out, capped),
-Poisson arrivals at --rate requests/s. Both schemes see the same arrivals:
+Poisson arrivals at --load times the batch manager's offline capacity (measured first, on the
+same workload with every request at t=0: the rate follows what the machine gives at the time),
+or at --rate requests/s. Both schemes see the same arrivals:
 - transformers: `generate` on static batches (up to --batch requests that have arrived, left-
   padded, greedy, each batch runs to its longest output; a request's first token is its batch's
   first step), batches one after another;
@@ -69,11 +71,16 @@ def workload(args: argparse.Namespace, vocab: int) -> Work:
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(16, 96))] for _ in range(args.requests)]
     lengths = [max(4, min(args.max_out, int(rng.expovariate(1 / args.mean_out)))) for _ in range(args.requests)]
+    gaps = [rng.expovariate(1.0) for _ in range(args.requests)]  # rescaled to the rate later
+    return Work(prompts, lengths, gaps)
+
+
+def at_rate(work: Work, rate: float) -> Work:
     t, arrivals = 0.0, []
-    for _ in range(args.requests):
+    for gap in work.arrivals:
         arrivals.append(t)
-        t += rng.expovariate(args.rate)
-    return Work(prompts, lengths, arrivals)
+        t += gap / rate
+    return Work(work.prompts, work.lengths, arrivals)
 
 
 def run_transformers(model, work: Work, batch: int) -> Outcome:
@@ -176,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--mean-out", type=int, default=64)
     p.add_argument("--max-out", type=int, default=256)
-    p.add_argument("--rate", type=float, default=8.0, help="Poisson arrivals, requests/s")
+    p.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals, requests/s (0: --load)")
+    p.add_argument("--load", type=float, default=0.7, help="rate / the batch manager's offline capacity")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -198,11 +206,18 @@ def main(argv: list[str] | None = None) -> None:
         ours = load_checkpoint(path)
         params = sum(p.numel() for p in hf.parameters())
         work = workload(args, ours.vocab_size)
+        rate = args.rate
+        if not rate:
+            offline = run_manager(ours, at_rate(work, 1e9), args.batch)
+            rate = args.load * len(work.prompts) / offline.wall_s
+            print(f"batch manager offline: {len(work.prompts) / offline.wall_s:.2f} requests/s; "
+                  f"Poisson rate {rate:.2f}/s ({args.load} x)")
+        work = at_rate(work, rate)
         print(f"model: llama, hidden {args.hidden}, {args.layers} layers, {args.heads} heads / "
               f"{args.kv_heads} KV heads, vocab {args.vocab}, {params / 1e6:.1f}M parameters, float32; "
               f"torch {torch.__version__}, {args.threads} intra-op thread(s)")
         print(f"workload: {args.requests} requests, prompts 16-96, outputs mean {statistics.mean(work.lengths):.0f} "
-              f"(max {max(work.lengths)}), Poisson {args.rate}/s, batch {args.batch}, {args.rounds} rounds")
+              f"(max {max(work.lengths)}), Poisson {rate:.2f}/s, batch {args.batch}, {args.rounds} rounds")
         runs: dict[str, list[Outcome]] = {"hf": [], "ours": []}
         for r in range(args.rounds):
             order = [("hf", run_transformers, hf), ("ours", run_manager, ours)]
