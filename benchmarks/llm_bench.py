@@ -107,10 +107,10 @@ def run_transformers(model, work: Work, batch: int) -> Outcome:
             mask[row, width - len(p):] = 1
         first: list[float] = []
 
-        class FirstStep(LogitsProcessor):
-            def __call__(self, input_ids, scores, first=first):
-                if not first:
-                    first.append(time.perf_counter() - start)
+        class FirstStep(LogitsProcessor):  # made per batch: `first` is this batch's
+            def __call__(self, input_ids, scores):
+                if not first:  # noqa: B023
+                    first.append(time.perf_counter() - start)  # noqa: B023
                 return scores
 
         steps = max(work.lengths[i] for i in group)

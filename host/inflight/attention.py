@@ -71,7 +71,9 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
     empty = batch.decode_block_empty
     if window is not None:
-        slot_pos = batch.decode_block_index[:, None] * bs + torch.arange(bs, device=q.device)
+        # a request's blocks are contiguous in the run: its first block is where its segment starts
+        index = torch.arange(seg.shape[0], device=q.device) - torch.searchsorted(seg, seg)
+        slot_pos = index[:, None] * bs + torch.arange(bs, device=q.device)
         q_pos = batch.positions[:n].index_select(0, seg)
         empty = empty | (slot_pos <= (q_pos - window)[:, None])
     scores.masked_fill_(empty[:, None, None, :], -math.inf)

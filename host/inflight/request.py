@@ -153,7 +153,7 @@ class Sequence:
                  "num_cached", "generator", "log_probs", "context_logits", "generation_logits",
                  "sent", "paused_times", "admitted_at", "reserved_blocks", "extra", "counts",
                  "first_scheduled_ns", "first_token_ns", "last_token_ns", "top", "stopped",
-                 "beam")
+                 "beam", "plain")
 
     def __init__(self, request: GenerationRequest) -> None:
         self.request = request
@@ -179,6 +179,11 @@ class Sequence:
         self.top: list[tuple[list[int], list[float]]] = []  # per token: top ids, their log probs
         self.stopped = False  # a stop sequence or stop_check ended it
         self.beam: Any = None  # host.inflight.beam.BeamGroup of a beam-search request
+        # greedy, nothing to adjust, nothing to report beside the token: the sampler's fast path
+        s = request.sampling
+        self.plain = (s.greedy and not s.penalized and not s.min_tokens and not request.bad_words
+                      and request.logits_post_processor is None and not request.return_log_probs
+                      and not request.top_log_probs)
 
     @property
     def request_id(self) -> int:

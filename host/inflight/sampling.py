@@ -110,6 +110,9 @@ def adjust(seq: Sequence, row: torch.Tensor) -> torch.Tensor:
 
 def sample(seqs: list[Sequence], logits: torch.Tensor) -> Choice:
     """Next token of each sequence from its row of `logits` [len(seqs), vocab]."""
+    if all(seq.plain for seq in seqs):  # every row greedy as it is: one argmax
+        none: list = [None] * len(seqs)
+        return Choice(_argmax(logits), none, none)
     rows = logits
     errors: dict[int, str] = {}
     for i, seq in enumerate(seqs):

@@ -40,7 +40,6 @@ class StepBatch:
     decode_blocks: "torch.Tensor"  # [B] int64 block ids
     decode_block_segment: "torch.Tensor"  # [B] int64 in 0..num_decode-1
     decode_block_empty: "torch.Tensor"  # [B, tokens_per_block] bool: slots past the last token
-    decode_block_index: "torch.Tensor"  # [B] int64: the block's index in its request's table
     contexts: list[ContextChunk]
     logits_index: "torch.Tensor"  # [R] rows whose logits the step needs
     # per scheduled sequence: (first logits row, number of logits rows) in the model's output
@@ -54,8 +53,7 @@ class StepBatch:
         """The same batch with its tensors on `device` (built on the CPU, run where the model is)."""
         moved = {name: getattr(self, name).to(device, non_blocking=True)
                  for name in ("input_ids", "positions", "slots", "decode_blocks",
-                              "decode_block_segment", "decode_block_empty", "decode_block_index",
-                                 "logits_index")}
+                              "decode_block_segment", "decode_block_empty", "logits_index")}
         contexts = [ContextChunk(c.start, c.length, c.offset, c.kv_slots.to(device),
                                  None if c.mask is None else c.mask.to(device)) for c in self.contexts]
         return StepBatch(tokens_per_block=self.tokens_per_block, num_decode=self.num_decode,
@@ -88,7 +86,6 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     dec_blocks: list[int] = []
     dec_segment: list[int] = []
     dec_fill: list[int] = []
-    dec_index: list[int] = []
     logits_index: list[int] = []
     logits_rows: list[tuple[int, int]] = []
     for i, seq in enumerate(decode):
@@ -100,7 +97,6 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         blocks = -(-(n + 1) // tokens_per_block)
         dec_blocks.extend(seq.block_table[:blocks])
         dec_segment.extend([i] * blocks)
-        dec_index.extend(range(blocks))
         dec_fill.extend([tokens_per_block] * (blocks - 1))
         dec_fill.append(n + 1 - (blocks - 1) * tokens_per_block)
         logits_rows.append((len(logits_index), 1))
@@ -132,12 +128,11 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         row += n
     # one tensor for every integer list (a tensor per list costs more than the packing)
     sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(dec_fill),
-             len(logits_index), len(dec_index)]
+             len(logits_index)]
     flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
-        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index
-                    + dec_index),
+        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index),
         dtype=torch.int64)
-    input_ids, positions, writes, blocks, segment, fill, logits_at, index = torch.split(flat, sizes)
+    input_ids, positions, writes, blocks, segment, fill, logits_at = torch.split(flat, sizes)
     slots = torch.cat([writes] + slot_parts) if slot_parts else writes
     return StepBatch(
         input_ids=input_ids,
@@ -148,7 +143,6 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         decode_blocks=blocks,
         decode_block_segment=segment,
         decode_block_empty=torch.arange(tokens_per_block) >= fill[:, None],
-        decode_block_index=index,
         contexts=contexts,
         logits_index=logits_at,
         logits_rows=logits_rows,
