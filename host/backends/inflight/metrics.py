@@ -84,7 +84,10 @@ def serving_families(model: str, manager: Any) -> list[Any]:
 
 
 def families(model: str, version: str, stats: dict[str, Any], manager: Any = None) -> list[Any]:
-    out: list[Any] = serving_families(model, manager) if manager is not None else []
+    # like the statistics gauges, the serving families appear once the model has had a request
+    seen = manager is not None and (manager.metrics.prompt_tokens or manager.active or manager.waiting
+                                    or sum(manager.metrics.finished.values()))
+    out: list[Any] = serving_families(model, manager) if seen else []
     if not stats:
         return out
     for name, doc, label, fields in _GROUPS:
