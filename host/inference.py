@@ -80,6 +80,8 @@ class InferenceRequest:
     # HTTP raw binary request: the one input's raw bytes, its name and shape still to be
     # deduced from the model configuration (host.raw_input).
     raw_input: bool = False
+    # A BLS request: the instances its callers hold while they wait for it (host.bls).
+    held: tuple[Any, ...] = ()
 
     @property
     def requested_output_names(self) -> list[str]:

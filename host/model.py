@@ -149,6 +149,11 @@ class ModelVersion:
     def inflight(self) -> int:
         return self._inflight
 
+    @property
+    def slots(self) -> tuple[InstanceSlot, ...]:
+        """The model's instances (as the schedulers hold them)."""
+        return tuple(self._slots)
+
     def pending_requests(self) -> int:
         """Requests scheduled and not executing yet, as the scheduler counts them (0 when it
         has no such notion)."""

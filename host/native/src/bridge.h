@@ -53,6 +53,20 @@ struct TRITONSERVER_BufferAttributes {
   void* cuda_ipc_handle;
 };
 
+/* A server parameter (TRITONSERVER_ParameterNew, server.c); read by ServerLoadModelWithParameters. */
+struct TRITONSERVER_Parameter {
+  char* name;
+  TRITONSERVER_ParameterType type;
+  union {
+    char* s;
+    int64_t i;
+    bool b;
+    double d;
+  } value;
+  void* bytes;
+  uint64_t byte_size;
+};
+
 TRITONSERVER_DataType mh_datatype(const char* name);
 char* mh_strdup(const char* s);
 
