@@ -294,7 +294,12 @@ class _Run:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = len(choices)
         for c in choices:
-            host.submit(c.request, lambda r, final, c=c: self.events.put((c, r, final)))
+            host.submit(c.request, self._callback(c))
+
+    def _callback(self, choice: Choice) -> Callable[[InferenceResponse | None, bool], None]:
+        def put(response: InferenceResponse | None, final: bool) -> None:
+            self.events.put((choice, response, final))
+        return put
 
     def cancel(self) -> None:
         for c in self.choices:

@@ -95,13 +95,20 @@ class _Weights:
         self.tensors, self.dtype, self.device = dict(tensors), dtype, device
         self.prefix = next((p for p in prefixes if any(k.startswith(p) for k in tensors)), "")
 
-    def take(self, name: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        t = self.maybe(name, shape)
+        if t is None:
+            raise CheckpointError(f"tensor '{self.prefix + name}' is missing from the checkpoint")
+        return t
+
+    def maybe(self, name: str, shape: tuple[int, ...], optional: bool = True) -> torch.Tensor | None:
+        """The tensor, or None when it is absent (and `optional`; else it is an error)."""
         key = self.prefix + name if self.prefix + name in self.tensors else name
         t = self.tensors.pop(key, None)
         if t is None:
-            if optional:
-                return None
-            raise CheckpointError(f"tensor '{self.prefix + name}' is missing from the checkpoint")
+            if not optional:
+                raise CheckpointError(f"tensor '{self.prefix + name}' is missing from the checkpoint")
+            return None
         if tuple(t.shape) != shape:
             raise CheckpointError(f"tensor '{key}' has shape {list(t.shape)}; the config implies "
                                   f"{list(shape)}")
@@ -201,7 +208,7 @@ class LlamaDecoder(_Decoder):
         w = _Weights(tensors, ("model.",), dtype, device)
         q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.embed = w.take("embed_tokens.weight", (self.vocab_size, hidden))
-        self.blocks: list[dict[str, torch.Tensor | None]] = []
+        self.blocks: list[dict[str, Any]] = []
         for i in range(self.layers):
             p = f"layers.{i}."
             self.blocks.append({
@@ -209,18 +216,18 @@ class LlamaDecoder(_Decoder):
                 "q": w.take(p + "self_attn.q_proj.weight", (q_out, hidden)),
                 "k": w.take(p + "self_attn.k_proj.weight", (kv_out, hidden)),
                 "v": w.take(p + "self_attn.v_proj.weight", (kv_out, hidden)),
-                "qb": w.take(p + "self_attn.q_proj.bias", (q_out,), optional=not bias),
-                "kb": w.take(p + "self_attn.k_proj.bias", (kv_out,), optional=not bias),
-                "vb": w.take(p + "self_attn.v_proj.bias", (kv_out,), optional=not bias),
+                "qb": w.maybe(p + "self_attn.q_proj.bias", (q_out,), optional=not bias),
+                "kb": w.maybe(p + "self_attn.k_proj.bias", (kv_out,), optional=not bias),
+                "vb": w.maybe(p + "self_attn.v_proj.bias", (kv_out,), optional=not bias),
                 "o": w.take(p + "self_attn.o_proj.weight", (hidden, q_out)),
-                "ob": w.take(p + "self_attn.o_proj.bias", (hidden,), optional=True),
+                "ob": w.maybe(p + "self_attn.o_proj.bias", (hidden,), optional=True),
                 "ln2": w.take(p + "post_attention_layernorm.weight", (hidden,)),
                 "gate": w.take(p + "mlp.gate_proj.weight", (inter, hidden)),
                 "up": w.take(p + "mlp.up_proj.weight", (inter, hidden)),
                 "down": w.take(p + "mlp.down_proj.weight", (hidden, inter)),
-                "gate_b": w.take(p + "mlp.gate_proj.bias", (inter,), optional=not mlp_bias),
-                "up_b": w.take(p + "mlp.up_proj.bias", (inter,), optional=not mlp_bias),
-                "down_b": w.take(p + "mlp.down_proj.bias", (hidden,), optional=not mlp_bias),
+                "gate_b": w.maybe(p + "mlp.gate_proj.bias", (inter,), optional=not mlp_bias),
+                "up_b": w.maybe(p + "mlp.up_proj.bias", (inter,), optional=not mlp_bias),
+                "down_b": w.maybe(p + "mlp.down_proj.bias", (hidden,), optional=not mlp_bias),
             })
         for b in self.blocks:  # one matrix product for q, k, v and one for gate, up: fewer, larger
             b["qkv"] = torch.cat([b.pop("q"), b.pop("k"), b.pop("v")])
@@ -231,8 +238,8 @@ class LlamaDecoder(_Decoder):
             b["gate_up_b"] = None if biases[0] is None else torch.cat(biases)
         self.norm = w.take("norm.weight", (hidden,))
         w.prefix = ""
-        head = w.take("lm_head.weight", (self.vocab_size, hidden),
-                      optional=bool(config.get("tie_word_embeddings", False)))
+        head = w.maybe("lm_head.weight", (self.vocab_size, hidden),
+                       optional=bool(config.get("tie_word_embeddings", False)))
         self.lm_head = self.embed if head is None else head
         w.finish(ignore=("rotary_emb.inv_freq",))
         self._qkv_split = [q_out, kv_out, kv_out]
@@ -293,7 +300,7 @@ class GPT2Decoder(_Decoder):
         w = _Weights(tensors, ("transformer.",), dtype, device)
         self.wte = w.take("wte.weight", (self.vocab_size, hidden))
         self.wpe = w.take("wpe.weight", (self.max_seq_len, hidden))
-        self.blocks = []
+        self.blocks: list[dict[str, Any]] = []
         for i in range(self.layers):
             p = f"h.{i}."
             self.blocks.append({
@@ -311,7 +318,7 @@ class GPT2Decoder(_Decoder):
             })
         self.ln_f_w, self.ln_f_b = w.take("ln_f.weight", (hidden,)), w.take("ln_f.bias", (hidden,))
         w.prefix = ""
-        head = w.take("lm_head.weight", (self.vocab_size, hidden), optional=True)
+        head = w.maybe("lm_head.weight", (self.vocab_size, hidden), optional=True)
         self.lm_head = self.wte if head is None else head
         w.finish(ignore=(".attn.bias", ".attn.masked_bias"))
         self.hidden = hidden

@@ -325,10 +325,11 @@ class BatchManager:
             seq.tokens.append(choice.tokens[i])
             seq.phase = Phase.GENERATION
             self._timed(seq, now)
-            if choice.log_probs[i] is not None:
-                seq.log_probs.append(choice.log_probs[i])
-            if choice.top[i] is not None:
-                seq.top.append(choice.top[i])
+            log_prob, top = choice.log_probs[i], choice.top[i]
+            if log_prob is not None:
+                seq.log_probs.append(log_prob)
+            if top is not None:
+                seq.top.append(top)
             if seq.request.return_generation_logits:
                 seq.generation_logits.append(chosen[i].float().cpu().numpy().copy())
             stop = seq.request.stop_check
@@ -435,10 +436,10 @@ class BatchManager:
         r = seq.request
         pad = r.pad_id if r.pad_id is not None else (r.end_id if r.end_id is not None else 0)
         if seq.beam is not None:
-            out = beams.outputs(seq.beam, pad, not r.exclude_input_in_output)
+            beam_out = beams.outputs(seq.beam, pad, not r.exclude_input_in_output)
             if r.pad_to_max_length:
-                out["output_ids"] = _padded(out["output_ids"], self.model.max_seq_len, pad)
-            return out
+                beam_out["output_ids"] = _padded(beam_out["output_ids"], self.model.max_seq_len, pad)
+            return beam_out
         if r.streaming:
             first = seq.sent
             ids = seq.tokens[seq.prompt_len + first:]

@@ -52,17 +52,17 @@ def serving_families(model: str, manager: Any) -> list[Any]:
     out: list[Any] = []
     for name, doc, attr in _HISTOGRAMS:
         h = getattr(m, attr)
-        family = HistogramMetricFamily(name, doc, labels=labels)
-        family.add_metric([model], h.cumulative(), sum_value=h.total)
-        out.append(family)
+        histogram = HistogramMetricFamily(name, doc, labels=labels)
+        histogram.add_metric([model], h.cumulative(), sum_value=h.total)
+        out.append(histogram)
     # counters named with their `_total`, as vLLM's (host.metrics.render writes names as given)
     for name, doc, value in (("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
                               m.prompt_tokens),
                              ("vllm:generation_tokens_total", "Number of generation tokens processed.",
                               m.generation_tokens)):
-        family = Metric(name, doc, "counter")
-        family.add_sample(name, {"model_name": model}, value)
-        out.append(family)
+        counter = Metric(name, doc, "counter")
+        counter.add_sample(name, {"model_name": model}, value)
+        out.append(counter)
     success = Metric("vllm:request_success_total", "Count of finished requests by reason.", "counter")
     for reason, count in m.finished.items():
         success.add_sample("vllm:request_success_total", {"model_name": model, "finished_reason": reason},
@@ -77,9 +77,9 @@ def serving_families(model: str, manager: Any) -> list[Any]:
              len(manager.waiting)),
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage),
             ("vllm:gpu_cache_usage_perc", "KV-cache usage (vLLM's older name).", usage)):
-        family = GaugeMetricFamily(name, doc, labels=labels)
-        family.add_metric([model], value)
-        out.append(family)
+        gauge = GaugeMetricFamily(name, doc, labels=labels)
+        gauge.add_metric([model], value)
+        out.append(gauge)
     return out
 
 

@@ -108,6 +108,7 @@ class _Source:
 
     def strings(self, name: str) -> list[str]:
         tensor = self.request.inputs.get(name)
+        values: Any
         if tensor is not None:
             values = np.asarray(tensor.data).reshape(-1).tolist()
         else:
@@ -163,9 +164,9 @@ def _token_lists(src: _Source, name: str) -> list[list[int]]:
         except (ValueError, TypeError):
             raise InvalidArgumentError(f"parameter '{name}' must be a list of token-id lists") from None
     data = np.asarray(tensor.data)
-    data = data.reshape(2, -1) if data.size and data.size % 2 == 0 else None
-    if data is None:
+    if not data.size or data.size % 2:
         raise InvalidArgumentError(f"input '{name}' must have shape [1, 2, N] (ids, offsets)")
+    data = data.reshape(2, -1)
     ids, offsets = data[0].tolist(), [o for o in data[1].tolist() if o >= 0]
     out, start = [], 0
     for end in offsets:
