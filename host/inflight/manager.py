@@ -35,13 +35,13 @@ waits on a thread that is gone.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
+import orjson
 import torch
 
 from host.inflight import beam as beams
@@ -90,6 +90,7 @@ class BatchManager:
             model.window = max_attention_window if current is None else min(current, max_attention_window)
         self.metrics = ServingMetrics()
         self._v1_batch = 0
+        self._stamp: tuple[int, str] = (0, "")
 
         element = torch.empty((), dtype=model.dtype).element_size()
         kv_heads = getattr(model, "kv_heads", model.heads)
@@ -317,14 +318,21 @@ class BatchManager:
             chosen = chosen[torch.tensor(plain, device=chosen.device)]
         choice = sample(sampling, chosen)
         now = time.monotonic_ns()
-        for i, seq in enumerate(sampling):
-            error = choice.errors.get(i)
-            if error is not None:
-                self._finish(seq, f"sampling failed: {error}", with_outputs=False)
+        send, outputs, errors, generation = self._send, self._outputs, choice.errors, Phase.GENERATION
+        for i, (seq, token) in enumerate(zip(sampling, choice.tokens)):
+            if errors and i in errors:
+                self._finish(seq, f"sampling failed: {errors[i]}", with_outputs=False)
                 continue
-            seq.tokens.append(choice.tokens[i])
-            seq.phase = Phase.GENERATION
+            seq.tokens.append(token)
+            seq.phase = generation
             self._timed(seq, now)
+            if seq.plain and seq.request.stop_check is None:  # nothing more to record: answer
+                r = seq.request
+                if seq.finished():
+                    self._finish(seq, "")
+                elif r.streaming:
+                    send(r.request_id, outputs(seq), False, "")
+                continue
             log_prob, top = choice.log_probs[i], choice.top[i]
             if log_prob is not None:
                 seq.log_probs.append(log_prob)
@@ -481,8 +489,11 @@ class BatchManager:
         if self._return_stats is None:
             return
         cache = self.cache
+        now = int(time.time())
+        if now != self._stamp[0]:  # strftime once a second, not once an iteration
+            self._stamp = (now, time.strftime("%m-%d-%Y %H:%M:%S", time.localtime(now)))
         stats = {
-            "Timestamp": time.strftime("%m-%d-%Y %H:%M:%S"),
+            "Timestamp": self._stamp[1],
             "Iteration Counter": self.iteration,
             "Active Request Count": len(self.active),
             "Max Request Count": self.config.max_batch_size,
@@ -507,7 +518,7 @@ class BatchManager:
             stats["Total Generation Tokens"] = generated
             stats["Empty Generation Slots"] = max(
                 0, self._v1_batch - len(plan.decode) - len(plan.context))
-        self._return_stats(json.dumps(stats))
+        self._return_stats(orjson.dumps(stats).decode())
 
 
 def _padded(ids: np.ndarray, length: int, pad: int) -> np.ndarray:

@@ -183,7 +183,7 @@ class Sequence:
         s = request.sampling
         self.plain = (s.greedy and not s.penalized and not s.min_tokens and not request.bad_words
                       and request.logits_post_processor is None and not request.return_log_probs
-                      and not request.top_log_probs)
+                      and not request.top_log_probs and not request.return_generation_logits)
 
     @property
     def request_id(self) -> int:
