@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Iterator
 
 import pytest
