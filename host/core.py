@@ -17,6 +17,7 @@ from host import __version__, datatypes, parameters, shm
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
+from host.ensemble import EnsembleRuntime
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError)
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
@@ -47,8 +48,10 @@ class Host:
         # The response cache (None without --cache-config); see _prepare for where it is used.
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
+        self.ensembles = EnsembleRuntime(self)  # ensemble steps: requests the host sends itself
         self.manager = ModelManager(self.options.model_repositories, self.backends,
-                                    self.options.model_control_mode, self._on_model_state)
+                                    self.options.model_control_mode, self._on_model_state,
+                                    ensembles=self.ensembles)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
@@ -89,6 +92,7 @@ class Host:
         if self._poller is not None:
             self._poller.join()
         self.manager.unload_all()
+        self.ensembles.close()
         self.shm.close()  # unmaps only: the clients' regions stay as they are
         self._stream_pool.shutdown(wait=True)
         if self.cache is not None:
@@ -310,7 +314,7 @@ class Host:
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
-        self.manager.unload(name)  # no ensembles yet, so a model has no dependents to unload
+        self.manager.unload(name, unload_dependents)
 
     # --- statistics ----------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

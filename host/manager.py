@@ -17,6 +17,8 @@ from host import config as config_mod
 from host import repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
+from host.ensemble import EnsembleVersion
+from host.ensemble.scheduler import StepRunner
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
@@ -38,6 +40,8 @@ class ModelEntry:
     error: str = ""  # a failure before any version could be tried (config, backend)
     fingerprint: tuple = ()
     unloaded: bool = False
+    explicit: bool = False  # loaded on request, not only as a composing model of an ensemble
+    waiting_on: set[str] = field(default_factory=set)  # unloaded composing models (ensembles)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for v in self.newest_first if v.state == READY]
@@ -61,13 +65,16 @@ class ModelEntry:
 
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
-                 on_state: StateListener | None = None) -> None:
+                 on_state: StateListener | None = None, ensembles: StepRunner | None = None) -> None:
         self.roots = [Path(r) for r in roots]
         self.backends = backends
         self.mode = mode
         self._on_state = on_state or (lambda *a: None)
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
+        self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
+        self._loading: list[str] = []  # models being loaded, outermost first (dependency cycles)
+        self._pass: set[str] | None = None  # models loaded by the running load_all
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
@@ -145,34 +152,139 @@ class ModelManager:
             scan_errors = self._refresh_locations()
             wanted = sorted(self._models) if names is None or "*" in names else names
             errors: dict[str, str] = {}
-            for name in wanted:
-                try:
-                    if name in scan_errors:
-                        raise InvalidArgumentError(scan_errors[name])
-                    self.load(name)
-                except HostError as exc:
-                    errors[name] = str(exc)
+            self._pass = set()  # an ensemble loads its composing models first: not twice
+            try:
+                for name in wanted:
+                    if name in self._pass:
+                        continue
+                    try:
+                        if name in scan_errors:
+                            raise InvalidArgumentError(scan_errors[name])
+                        self.load(name)
+                    except HostError as exc:
+                        errors[name] = str(exc)
+            finally:
+                self._pass = None
+            for name in wanted:  # loaded on request, even if an ensemble loaded it first
+                if name in self._models and name not in errors:
+                    self._models[name].explicit = True
             return errors
 
-    def load(self, name: str, config_json: str | dict | None = None) -> None:
-        """(Re)load a model: every version its policy selects. Raises the first failure."""
+    def load(self, name: str, config_json: str | dict | None = None, explicit: bool = True) -> None:
+        """(Re)load a model: every version its policy selects. Raises the first failure.
+
+        An ensemble first loads the composing models that are not loaded yet (`explicit` False
+        for those, so that `unload_dependents` may unload them again); a model that loaded
+        brings back the ensembles that went down with it, and re-checks those that use it."""
         with self._lock:
             self._refresh_locations()
             entry = self._models.get(name)
             if entry is None or entry.location is None or not entry.location.path.is_dir():
                 raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
             entry.unloaded = False
+            entry.explicit = entry.explicit or explicit
             entry.fingerprint = repository.fingerprint(entry.location.path)
+            self._loading.append(name)
             try:
-                base = self._base_config(entry, config_json)
-                versions = repository.select_versions(base.version_policy,
-                                                      repository.versions_on_disk(entry.location.path))
-            except HostError as exc:
-                entry.error = str(exc)
-                self._notify(name, -1, UNAVAILABLE, entry.error)
+                try:
+                    base = self._base_config(entry, config_json)
+                    versions = repository.select_versions(base.version_policy,
+                                                          repository.versions_on_disk(entry.location.path))
+                    if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
+                        self._load_composing(name, base)
+                except HostError as exc:
+                    entry.error = str(exc)
+                    self._notify(name, -1, UNAVAILABLE, entry.error)
+                    raise
+                entry.error = ""
+                entry.waiting_on.clear()
+                self._load_versions(entry, base, versions)
+            finally:
+                self._loading.pop()
+            if self._pass is not None:
+                self._pass.add(name)
+            self._reload_dependents(name)
+
+    # --- ensembles and their composing models ---------------------------------------------------
+    def _load_composing(self, name: str, cfg: model_config_pb2.ModelConfig) -> None:
+        """Load what ensemble `name` needs that is not loaded yet, with Triton's errors."""
+        wanted = list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))
+        for dep in wanted:
+            if dep in self._loading:
+                raise _CycleError(f"circular dependency between ensembles: {dep} -> ... -> "
+                                  f"{name} -> {dep}")
+        missing = [d for d in wanted if (e := self._models.get(d)) is None or e.location is None]
+        if missing:
+            raise InvalidArgumentError(f"ensemble {name} contains models that are not available "
+                                       f"or ambiguous: {', '.join(sorted(missing))}")
+        for dep in wanted:
+            entry = self._models[dep]
+            if entry.default_version() is not None:
+                continue
+            try:
+                self.load(dep, explicit=False)
+            except _CycleError:
                 raise
-            entry.error = ""
-            self._load_versions(entry, base, versions)
+            except HostError as exc:
+                raise InvalidArgumentError(
+                    f"ensemble '{name}' depends on '{dep}' which has no loaded version. Model "
+                    f"'{dep}' loading failed with error: {exc}") from None
+
+    def _composing_config(self, ensemble: str) -> Callable[[str, int], model_config_pb2.ModelConfig]:
+        def lookup(name: str, version: int) -> model_config_pb2.ModelConfig:
+            entry = self._models.get(name)
+            mv = None if entry is None else (
+                entry.default_version() if version < 0 else entry.versions.get(version))
+            if mv is None or mv.state != READY:
+                raise InvalidArgumentError(
+                    f"ensemble '{ensemble}' depends on '{name}' which has no loaded version."
+                    if version < 0 else
+                    f"ensemble '{ensemble}' depends on '{name}' whose required version {version} "
+                    "is not loaded.")
+            return mv.config
+        return lookup
+
+    def _dependents(self, name: str) -> list[ModelEntry]:
+        """Entries with a loaded ensemble version that has `name` as a step."""
+        return [e for e in self._models.values()
+                if any(isinstance(v, EnsembleVersion) and name in v.composing
+                       for v in e.versions.values())]
+
+    def _reload_dependents(self, name: str) -> None:
+        users = {e.name for e in self._dependents(name)}
+        for entry in list(self._models.values()):
+            if entry.name in self._loading or entry.name == name:
+                continue
+            back = name in entry.waiting_on
+            entry.waiting_on.discard(name)
+            if (back and not entry.waiting_on) or entry.name in users:
+                try:
+                    self.load(entry.name, explicit=False)  # re-checked against the new version
+                except HostError as exc:
+                    log.error("ensemble '%s' did not load again after '%s' loaded: %s",
+                              entry.name, name, exc)
+
+    def _stop_dependents(self, name: str) -> None:
+        """A model went away: the ensembles that use it stop serving, saying why."""
+        for entry in self._dependents(name):
+            reason = f"unloaded: its composing model '{name}' was unloaded"
+            for mv in list(entry.versions.values()):
+                self._unload_version(mv, reason)
+                entry.failed[mv.version] = reason
+            entry.versions = {}
+            entry.waiting_on.add(name)
+            self._stop_dependents(entry.name)
+
+    def _unload_unused(self, names: list[str]) -> None:
+        """`unload_dependents`: composing models loaded only for ensembles that no loaded
+        ensemble uses any more are unloaded too."""
+        for name in names:
+            entry = self._models.get(name)
+            if entry is None or entry.explicit or not entry.versions or self._dependents(name):
+                continue
+            composing = _composing_of(entry)
+            self.unload(name, unload_dependents=True)
+            self._unload_unused(composing)
 
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
@@ -223,6 +335,8 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        if backend_name == config_mod.ENSEMBLE_PLATFORM:
+            return self._load_ensemble_version(spec)
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
@@ -247,29 +361,47 @@ class ModelManager:
         self._notify(entry.name, version, READY, "")
         return mv
 
-    def unload(self, name: str) -> None:
+    def _load_ensemble_version(self, spec: ModelSpec) -> ModelVersion:
+        """An ensemble has no backend: check it against its composing models and serve."""
+        if self.ensembles is None:
+            raise UnsupportedError(f"model '{spec.name}': this host runs no ensembles")
+        config_mod.normalize_config(spec.config, spec.name)
+        mv = EnsembleVersion(spec, self.ensembles, self._composing_config(spec.name))
+        mv.load()
+        log.info("successfully loaded '%s' version %d", spec.name, spec.version)
+        self._notify(spec.name, spec.version, READY, "")
+        return mv
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
         with self._lock:
             entry = self._models.get(name)
             if entry is None:
                 raise NotFoundError(f"failed to unload '{name}', model is not found")
             entry.unloaded = True
+            entry.explicit = False
+            entry.waiting_on.clear()
+            composing = _composing_of(entry)
             for mv in list(entry.versions.values()):
                 self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
             entry.versions, entry.failed = {}, {}
+            self._stop_dependents(name)
+            if unload_dependents:
+                self._unload_unused(composing)
 
     def unload_all(self) -> None:
         with self._lock:
             for name in list(self._models):
                 self.unload(name)
 
-    def _unload_version(self, mv: ModelVersion) -> None:
+    def _unload_version(self, mv: ModelVersion, reason: str = "unloaded") -> None:
         self._notify(mv.name, mv.version, "UNLOADING", "")
-        was_loaded = mv.scheduler is not None
+        was_loaded = mv.scheduler is not None and not isinstance(mv, EnsembleVersion)
         mv.unload()
+        mv.reason = reason
         if was_loaded:
             self.backends.release(mv.spec.backend)
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
-        self._notify(mv.name, mv.version, UNAVAILABLE, "unloaded")
+        self._notify(mv.name, mv.version, UNAVAILABLE, reason)
 
     # --- poll mode -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -294,3 +426,12 @@ class ModelManager:
             self._on_state(name, version, state, reason)
         except Exception:
             log.exception("model-state listener failed")
+
+
+class _CycleError(InvalidArgumentError):
+    """Ensembles that need each other: reported as it is, not as a composing model's failure."""
+
+
+def _composing_of(entry: ModelEntry) -> list[str]:
+    return sorted({m for v in entry.versions.values() if isinstance(v, EnsembleVersion)
+                   for m in v.composing})
