@@ -60,6 +60,7 @@ class Plan:
         self.inputs = frozenset(t.name for t in config.input)
         self.optional_inputs = frozenset(t.name for t in config.input if t.optional)
         self.outputs = frozenset(t.name for t in config.output)
+        self.output_order = tuple(t.name for t in config.output)  # responses list them so
         self.output_dims = {t.name: tuple(t.reshape.shape if t.HasField("reshape") else t.dims)
                             for t in config.output}
         self.composing = sorted({(s.model_name, s.model_version) for s in steps})

@@ -246,7 +246,9 @@ class _Run:
         if not all((t, key) in values for t in outputs):
             return None
         tensors = []
-        for name in sorted(outputs):
+        for name in self.plan.output_order:
+            if name not in outputs:
+                continue
             value, batched = self._take(name, key)
             if value is not None:
                 shape = _reshape(self.plan.output_dims[name], self.plan.batching, batched, value.shape)
