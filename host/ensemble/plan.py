@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from host.errors import InvalidArgumentError
+from host.inference import RequestedOutput
 from host.proto import model_config_pb2
 
 ModelConfig = model_config_pb2.ModelConfig
@@ -40,6 +41,15 @@ class Step:
     def output_names(self) -> list[str]:
         return [m for m, _ in self.outputs]
 
+    @property
+    def requested(self) -> list[RequestedOutput]:
+        """The step request's outputs: every mapped one. Shared by all its requests (read-only)."""
+        found = self.__dict__.get("_requested")
+        if found is None:
+            found = [RequestedOutput(m) for m, _ in self.outputs]
+            object.__setattr__(self, "_requested", found)
+        return found
+
 
 @dataclass(frozen=True)
 class Pruned:
@@ -49,6 +59,11 @@ class Pruned:
     consumers: dict[str, tuple[Step, ...]]  # ensemble tensor -> steps that read it
     first: tuple[Step, ...]  # steps that read ensemble inputs only
     outputs: frozenset[str]  # the requested ensemble outputs
+    readers: dict[str, int]  # ensemble tensor -> how many reads of each value (steps, response)
+    # Per step index: the steps its outputs feed, each with the tensors it reads (checked when a
+    # response arrives), and whether it writes a requested output.
+    next_steps: dict[int, tuple[tuple[Step, tuple[str, ...]], ...]]
+    writes_output: dict[int, bool]
 
 
 class Plan:
@@ -91,7 +106,16 @@ class Plan:
             for t in {t for _, t in s.inputs}:
                 consumers.setdefault(t, []).append(s)
         first = tuple(s for s in steps if all(t in self.inputs for _, t in s.inputs))
-        return Pruned(steps, {t: tuple(v) for t, v in consumers.items()}, first, wanted)
+        readers = {t: len(v) for t, v in consumers.items()}
+        for t in wanted:
+            readers[t] = readers.get(t, 0) + 1
+        next_steps, writes_output = {}, {}
+        for s in steps:
+            fed = {c.index: c for _, t in s.outputs for c in consumers.get(t, ())}
+            next_steps[s.index] = tuple((c, tuple(t for _, t in c.inputs)) for c in fed.values())
+            writes_output[s.index] = any(t in wanted for _, t in s.outputs)
+        return Pruned(steps, {t: tuple(v) for t, v in consumers.items()}, first, wanted, readers,
+                      next_steps, writes_output)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from host.errors import CancelledError, HostError, InternalError, InvalidArgumentError, error_for
-from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from host.inference import InferenceRequest, InferenceResponse, Tensor
 
 if TYPE_CHECKING:
     from host.ensemble.plan import Plan, Pruned, Step
@@ -88,7 +88,7 @@ class _Run:
     """One ensemble request in flight."""
 
     __slots__ = ("sched", "plan", "pruned", "request", "values", "refs", "inflight", "error",
-                 "result", "lock", "started_ns", "done")
+                 "result", "lock", "started_ns", "done", "template")
 
     def __init__(self, sched: EnsembleScheduler, request: InferenceRequest, pruned: Pruned) -> None:
         self.sched, self.plan, self.pruned, self.request = sched, sched.plan, pruned, request
@@ -100,6 +100,7 @@ class _Run:
         self.lock = threading.Lock()
         self.started_ns = 0
         self.done = False
+        self.template: dict[str, Any] | None = None  # the step requests' common fields
 
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -108,8 +109,9 @@ class _Run:
         batched = plan.batching
         for name, tensor in request.inputs.items():
             self._store(name, (), tensor, batched)
-        for name in plan.optional_inputs - request.inputs.keys():
-            self._store(name, (), None, batched)  # an absent optional input: the step omits it
+        if plan.optional_inputs:
+            for name in plan.optional_inputs - request.inputs.keys():
+                self._store(name, (), None, batched)  # absent: the step omits that input
         first = [(s, ()) for s in self.pruned.first]
         self.inflight = len(first)
         if not first:  # host.config makes this unreachable; fail rather than hang
@@ -119,7 +121,7 @@ class _Run:
         self._drive(first)
 
     def _store(self, tensor: str, key: Key, value: Tensor | None, batched: bool) -> None:
-        readers = len(self.pruned.consumers.get(tensor, ())) + (tensor in self.pruned.outputs)
+        readers = self.pruned.readers.get(tensor)
         if readers:
             self.values[(tensor, key)] = (value, batched)
             self.refs[(tensor, key)] = readers
@@ -162,19 +164,31 @@ class _Run:
             with self.lock:
                 inputs = self._step_inputs(step, key)
             mv = self.sched.runner.get(step.model_name, step.model_version)
-            request = StepRequest(
-                model_name=step.model_name, model_version=mv.version, id=parent.id,
-                inputs=inputs, outputs=[RequestedOutput(n) for n in step.output_names],
-                parameters=parent.parameters,
-                sequence_id=parent.sequence_id, sequence_start=parent.sequence_start,
-                sequence_end=parent.sequence_end, priority=parent.priority,
-                timeout_us=parent.timeout_us, parent=parent)
+            request = self._new_request()
+            request.model_name, request.model_version = step.model_name, mv.version
+            request.inputs, request.outputs = inputs, step.requested
             self.sched.runner.submit(mv, request, _StepCallback(self, step, key))
         except HostError as exc:
             self._step_response(step, key, 0, InferenceResponse(error=exc), True)
         except Exception as exc:  # never leave the ensemble request without its final response
             log.exception("ensemble '%s' failed to run step '%s'", self.plan.name, step.model_name)
             self._step_response(step, key, 0, InferenceResponse(error=InternalError(str(exc))), True)
+
+    def _new_request(self) -> StepRequest:
+        """A step request with the ensemble request's id, parameters, priority, timeout and
+        sequence fields; the fields are copied from one template per run (cheaper than the
+        dataclass constructor, which runs once per run instead of once per step)."""
+        template = self.template
+        if template is None:
+            parent = self.request
+            template = self.template = StepRequest(
+                model_name="", id=parent.id, parameters=parent.parameters,
+                sequence_id=parent.sequence_id, sequence_start=parent.sequence_start,
+                sequence_end=parent.sequence_end, priority=parent.priority,
+                timeout_us=parent.timeout_us, parent=parent).__dict__
+        request = object.__new__(StepRequest)
+        request.__dict__.update(template)
+        return request
 
     def _step_inputs(self, step: Step, key: Key) -> dict[str, Tensor]:
         inputs = {}
@@ -228,22 +242,19 @@ class _Run:
         """Store a step's outputs; collect the steps they make ready; return an ensemble
         response if every requested output now has a value for `key`."""
         pruned = self.pruned
-        touched: list[str] = []
+        by_name = {t.name: t for t in response.outputs}
         for model_output, tensor in step.outputs:
-            value = response.output(model_output)
-            self._store(tensor, key, value, step.batching)  # a missing output: an absent value
-            touched.append(tensor)
+            # A missing output is stored as an absent value (the next step omits that input).
+            self._store(tensor, key, by_name.get(model_output), step.batching)
         values = self.values
-        seen: set[int] = set()
-        for tensor in touched:
-            for s in pruned.consumers.get(tensor, ()):
-                if s.index not in seen and all((t, key) in values for _, t in s.inputs):
-                    seen.add(s.index)
-                    ready.append((s, key))
+        for s, reads in pruned.next_steps[step.index]:
+            for t in reads:
+                if (t, key) not in values:
+                    break
+            else:
+                ready.append((s, key))
         outputs = pruned.outputs
-        if not any(t in outputs for t in touched):
-            return None
-        if not all((t, key) in values for t in outputs):
+        if not pruned.writes_output[step.index] or not all((t, key) in values for t in outputs):
             return None
         tensors = []
         for name in self.plan.output_order:
