@@ -39,8 +39,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import perf_vs_triton as pvt  # noqa: E402
-from cache_bench import group_cpu_seconds  # noqa: E402
+import perf_vs_triton as pvt
+from cache_bench import group_cpu_seconds
 
 IDENTITIES = ["identity_py", "identity_py_b", "identity_py_c"]
 MODELS = ["identity_py", "ensemble_1", "ensemble_3"]
@@ -162,8 +162,9 @@ def main() -> int:
             server = (pvt.triton_server(repo, workdir) if name == "triton"
                       else pvt.modelhost_server(repo, workdir, sys.executable))
             rows.extend(measure(server, args.protocol, args.concurrency, workdir, f"{name}.p{p}"))
-    lines = [f"ensemble_bench {started}, {args.protocol}, concurrency {args.concurrency}, "
-             f"{args.passes} pass(es), medians; machine: {pvt.machine_info()}", "", *report(rows, servers)]
+    title = (f"ensemble_bench {started}, {args.protocol}, concurrency {args.concurrency}, "
+             f"{args.passes} pass(es), medians; machine: {pvt.machine_info()}")
+    lines = [title, "", *report(rows, servers)]
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:

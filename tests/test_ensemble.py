@@ -8,7 +8,6 @@ is loaded by its test. Model control tests that unload models run last, on their
 from __future__ import annotations
 
 import json
-import os
 import queue
 import uuid
 from pathlib import Path
@@ -18,9 +17,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from ensemble_models import GOOD, write_broken, write_repository
 from tritonclient.utils import InferenceServerException
 
-from ensemble_models import GOOD, write_broken, write_repository
 from host.testing import serve, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -300,7 +299,7 @@ def test_system_shared_memory_in_and_out(request, protocol) -> None:
         tensor.set_shared_memory(name, x.nbytes)
         out = module.InferRequestedOutput("OUTPUT0")
         out.set_shared_memory(name, x.nbytes, offset=x.nbytes)
-        result = client.infer("ens_chain", [tensor], outputs=[out])
+        client.infer("ens_chain", [tensor], outputs=[out])
         written = shm.get_contents_as_numpy(handle, np.float32, [8], offset=x.nbytes)
         assert written.tolist() == (x + 1).tolist()
         client.unregister_system_shared_memory(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from host.ensemble.plan import ConfigLookup, build_plan
+from host.ensemble.plan import ConfigLookup, Plan, build_plan
 from host.ensemble.scheduler import EnsembleScheduler, StepRunner
 from host.model import READY, ModelVersion
 
@@ -16,7 +16,7 @@ class EnsembleVersion(ModelVersion):
     def __init__(self, spec: ModelSpec, runner: StepRunner, lookup: ConfigLookup) -> None:
         super().__init__(spec)
         self.runner, self.lookup = runner, lookup
-        self.plan = None
+        self.plan: Plan | None = None
 
     def load(self, backend: object = None) -> None:
         """Check the steps against the loaded composing models, then serve."""

@@ -14,8 +14,8 @@ steps those outputs need (Triton's pruning), cached per set.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from host.errors import InvalidArgumentError
 from host.inference import RequestedOutput

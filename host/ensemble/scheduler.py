@@ -28,7 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from host.errors import CancelledError, HostError, InternalError, InvalidArgumentError, error_for
+from host.errors import (
+    CancelledError,
+    HostError,
+    InternalError,
+    InvalidArgumentError,
+    error_for,
+)
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 
 if TYPE_CHECKING:
@@ -87,8 +93,21 @@ class EnsembleScheduler:
 class _Run:
     """One ensemble request in flight."""
 
-    __slots__ = ("sched", "plan", "pruned", "request", "values", "refs", "inflight", "error",
-                 "result", "lock", "started_ns", "done", "template")
+    __slots__ = (
+        "done",
+        "error",
+        "inflight",
+        "lock",
+        "plan",
+        "pruned",
+        "refs",
+        "request",
+        "result",
+        "sched",
+        "started_ns",
+        "template",
+        "values",
+    )
 
     def __init__(self, sched: EnsembleScheduler, request: InferenceRequest, pruned: Pruned) -> None:
         self.sched, self.plan, self.pruned, self.request = sched, sched.plan, pruned, request
@@ -287,7 +306,7 @@ class _Run:
 class _StepCallback:
     """A step request's callback; counts the responses of a decoupled step."""
 
-    __slots__ = ("run", "step", "key", "index")
+    __slots__ = ("index", "key", "run", "step")
 
     def __init__(self, run: _Run, step: Step, key: Key) -> None:
         self.run, self.step, self.key, self.index = run, step, key, 0
