@@ -9,17 +9,20 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from host import config as config_mod
-from host import repository
+from host import overrides, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.ensemble import EnsembleVersion
 from host.ensemble.scheduler import StepRunner
-from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
+from host.latency import LatencyConfig, LatencyRecorder
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 
@@ -40,6 +43,7 @@ class ModelEntry:
     error: str = ""  # a failure before any version could be tried (config, backend)
     fingerprint: tuple = ()
     unloaded: bool = False
+    override_dir: Path | None = None  # the private folder of a load with file overrides
     explicit: bool = False  # loaded on request, not only as a composing model of an ensemble
     waiting_on: set[str] = field(default_factory=set)  # unloaded composing models (ensembles)
 
@@ -65,15 +69,21 @@ class ModelEntry:
 
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
-                 on_state: StateListener | None = None, ensembles: StepRunner | None = None) -> None:
+                 on_state: StateListener | None = None, *, auto_complete: bool = True,
+                 config_name: str = "", load_threads: int = 1,
+                 ensembles: StepRunner | None = None) -> None:
         self.roots = [Path(r) for r in roots]
         self.backends = backends
         self.mode = mode
+        self.auto_complete = auto_complete  # off: --disable-auto-complete-config
+        self.config_name = config_name  # --model-config-name
+        self.load_threads = max(1, load_threads)  # --model-load-thread-count
         self._on_state = on_state or (lambda *a: None)
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
+        self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
         self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
-        self._loading: list[str] = []  # models being loaded, outermost first (dependency cycles)
+        self._loading: list[str] = []  # ensembles being loaded, outermost first (cycles)
         self._pass: set[str] | None = None  # models loaded by the running load_all
 
     # --- request path ------------------------------------------------------------------------
@@ -100,6 +110,21 @@ class ModelManager:
 
     def loaded(self) -> list[ModelVersion]:
         return [v for e in list(self._models.values()) for v in e.versions.values()]
+
+    def all_ready(self) -> bool:
+        """Triton's strict readiness: every model a load was asked for has its versions READY
+        (a version that is unavailable because it was unloaded does not count)."""
+        for entry in list(self._models.values()):
+            if entry.unloaded:
+                continue
+            versions = entry.versions
+            if entry.error and not versions:
+                return False
+            if any(v not in versions for v in entry.failed):  # a failed reload keeps its version
+                return False
+            if any(v.state != READY for v in versions.values()):
+                return False
+        return True
 
     # --- repository index ----------------------------------------------------------------------
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -135,16 +160,16 @@ class ModelManager:
         """Learn models added to the repository (the index lists them even when not loaded)."""
         locations, errors = repository.scan(self.roots)
         for name, loc in locations.items():
-            self._models.setdefault(name, ModelEntry(name)).location = loc
+            entry = self._models.setdefault(name, ModelEntry(name))
+            if entry.override_dir is None:  # a model loaded from override files stays there
+                entry.location = loc
         return errors
 
     # --- control -------------------------------------------------------------------------------
     def check_control_allowed(self) -> None:
-        if self.mode == "poll":
-            raise UnsupportedError("explicit model load / unload is not allowed if polling is enabled")
-        if self.mode == "none":
-            raise UnsupportedError(
-                "explicit model load / unload is not allowed if model control mode is 'none'")
+        # Triton words it so in both 'none' and 'poll' mode (core LoadUnloadModel).
+        if self.mode != "explicit":
+            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
 
     def load_all(self, names: list[str] | None = None) -> dict[str, str]:
         """Load every model (or `names`); returns the errors by model name, loads the rest."""
@@ -152,17 +177,33 @@ class ModelManager:
             scan_errors = self._refresh_locations()
             wanted = sorted(self._models) if names is None or "*" in names else names
             errors: dict[str, str] = {}
-            self._pass = set()  # an ensemble loads its composing models first: not twice
+
+            def load_one(name: str) -> None:
+                try:
+                    if name in scan_errors:
+                        raise InvalidArgumentError(scan_errors[name])
+                    self._load(name, None, None, refresh=False)
+                except HostError as exc:
+                    errors[name] = str(exc)
+
+            # Ensembles load last, one by one on this thread: each needs its composing models
+            # loaded (and loads those not asked for). The rest loads in parallel
+            # (--model-load-thread-count), as in Triton: each load touches only its own entry;
+            # the backend pool serializes backend creation.
+            ensembles = [n for n in wanted if self._is_ensemble(n)]
+            models = [n for n in wanted if n not in ensembles]
+            self._pass = set()  # an ensemble loads a composing model once, not again here
             try:
-                for name in wanted:
-                    if name in self._pass:
-                        continue
-                    try:
-                        if name in scan_errors:
-                            raise InvalidArgumentError(scan_errors[name])
-                        self.load(name)
-                    except HostError as exc:
-                        errors[name] = str(exc)
+                if self.load_threads == 1 or len(models) < 2:
+                    for name in models:
+                        load_one(name)
+                else:
+                    with ThreadPoolExecutor(min(self.load_threads, len(models)),
+                                            thread_name_prefix="model-load") as pool:
+                        list(pool.map(load_one, models))
+                for name in ensembles:
+                    if name not in self._pass:
+                        load_one(name)
             finally:
                 self._pass = None
             for name in wanted:  # loaded on request, even if an ensemble loaded it first
@@ -170,40 +211,74 @@ class ModelManager:
                     self._models[name].explicit = True
             return errors
 
-    def load(self, name: str, config_json: str | dict | None = None, explicit: bool = True) -> None:
+    def _is_ensemble(self, name: str) -> bool:
+        entry = self._models.get(name)
+        if entry is None or entry.location is None:
+            return False
+        try:
+            cfg = config_mod.load_config_file(entry.location.path, self.config_name)
+        except Exception:  # a broken config fails its own load, with its own error
+            return False
+        return cfg is not None and cfg.platform == config_mod.ENSEMBLE_PLATFORM
+
+    def load(self, name: str, config_json: str | dict | None = None,
+             override_dir: Path | None = None, explicit: bool = True) -> None:
         """(Re)load a model: every version its policy selects. Raises the first failure.
+
+        With `override_dir` the model loads from that folder (host.overrides) instead of the
+        repository; the folder is removed once no version of the model uses it.
 
         An ensemble first loads the composing models that are not loaded yet (`explicit` False
         for those, so that `unload_dependents` may unload them again); a model that loaded
-        brings back the ensembles that went down with it, and re-checks those that use it."""
+        brings back the ensembles that went down with it, and re-checks those that use it.
+        """
         with self._lock:
-            self._refresh_locations()
-            entry = self._models.get(name)
-            if entry is None or entry.location is None or not entry.location.path.is_dir():
-                raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
-            entry.unloaded = False
-            entry.explicit = entry.explicit or explicit
-            entry.fingerprint = repository.fingerprint(entry.location.path)
-            self._loading.append(name)
+            old = self._models.get(name)
+            previous = old.override_dir if old is not None else None
+            if old is not None and previous is not None:
+                old.override_dir, old.location = None, None  # back to the repository's copy
             try:
-                try:
-                    base = self._base_config(entry, config_json)
-                    versions = repository.select_versions(base.version_policy,
-                                                          repository.versions_on_disk(entry.location.path))
-                    if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
-                        self._load_composing(name, base)
-                except HostError as exc:
-                    entry.error = str(exc)
-                    self._notify(name, -1, UNAVAILABLE, entry.error)
-                    raise
-                entry.error = ""
-                entry.waiting_on.clear()
-                self._load_versions(entry, base, versions)
+                self._load(name, config_json, override_dir, explicit=explicit)
             finally:
-                self._loading.pop()
-            if self._pass is not None:
-                self._pass.add(name)
-            self._reload_dependents(name)
+                entry = self._models.get(name)
+                for folder in (override_dir, previous):
+                    if entry is not None and folder is not None:
+                        self._settle_override(entry, folder)
+
+    def _load(self, name: str, config_json: str | dict | None, override_dir: Path | None,
+              refresh: bool = True, explicit: bool = True) -> None:
+        if refresh:
+            self._refresh_locations()
+        if override_dir is not None:
+            created = self._models.setdefault(name, ModelEntry(name))
+            created.location = repository.ModelLocation(name, override_dir.parent, override_dir)
+            created.override_dir = override_dir
+        entry = self._models.get(name)
+        if entry is None or entry.location is None or not entry.location.path.is_dir():
+            raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+        entry.unloaded = False
+        entry.explicit = entry.explicit or explicit
+        entry.fingerprint = repository.fingerprint(entry.location.path)
+        self._loading.append(name)
+        try:
+            try:
+                base = self._base_config(entry, config_json)
+                versions = repository.select_versions(base.version_policy,
+                                                      repository.versions_on_disk(entry.location.path))
+                if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
+                    self._load_composing(name, base)
+            except HostError as exc:
+                entry.error = str(exc)
+                self._notify(name, -1, UNAVAILABLE, entry.error)
+                raise
+            entry.error = ""
+            entry.waiting_on.clear()
+            self._load_versions(entry, base, versions)
+        finally:
+            self._loading.remove(name)
+        if self._pass is not None:
+            self._pass.add(name)
+        self._reload_dependents(name)
 
     # --- ensembles and their composing models ---------------------------------------------------
     def _load_composing(self, name: str, cfg: model_config_pb2.ModelConfig) -> None:
@@ -222,7 +297,7 @@ class ModelManager:
             if entry.default_version() is not None:
                 continue
             try:
-                self.load(dep, explicit=False)
+                self._load(dep, None, None, explicit=False)
             except _CycleError:
                 raise
             except HostError as exc:
@@ -259,7 +334,7 @@ class ModelManager:
             entry.waiting_on.discard(name)
             if (back and not entry.waiting_on) or entry.name in users:
                 try:
-                    self.load(entry.name, explicit=False)  # re-checked against the new version
+                    self._load(entry.name, None, None, explicit=False)  # re-checked
                 except HostError as exc:
                     log.error("ensemble '%s' did not load again after '%s' loaded: %s",
                               entry.name, name, exc)
@@ -289,9 +364,18 @@ class ModelManager:
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
         if config_json is not None:
-            cfg = config_mod.config_from_json(config_json)
+            try:
+                cfg = config_mod.config_from_json(config_json)
+            except HostError as exc:
+                raise InvalidArgumentError(f"Invalid config override: {exc}") from None
         else:
-            cfg = config_mod.load_config_file(entry.location.path) or model_config_pb2.ModelConfig()
+            found = config_mod.load_config_file(entry.location.path, self.config_name)
+            if found is None and not self.auto_complete:  # Triton reads the (missing) file
+                raise InvalidArgumentError(
+                    f"failed to read text proto from "
+                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
+                    "(auto-complete is disabled, so every model needs its configuration)")
+            cfg = found or model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name
         if not config_mod.backend_for(cfg):
@@ -337,6 +421,7 @@ class ModelManager:
         self._notify(entry.name, version, "LOADING", "")
         if backend_name == config_mod.ENSEMBLE_PLATFORM:
             return self._load_ensemble_version(spec)
+        started = time.perf_counter()
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
@@ -344,10 +429,15 @@ class ModelManager:
         except Exception as exc:
             raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
         try:
-            backend.auto_complete_config(spec)
+            if self.auto_complete:
+                backend.auto_complete_config(spec)
             config_mod.normalize_config(spec.config, entry.name)
             mv = ModelVersion(spec)
+            if self.latency_config is not None:  # summaries / histograms (host.latency)
+                mv.stats.latency = LatencyRecorder(self.latency_config,
+                                                   bool(spec.config.response_cache.enable))
             mv.load(backend)
+            mv.load_duration_secs = time.perf_counter() - started
         except BaseException as exc:
             self.backends.release(backend_name)
             if isinstance(exc, HostError):
@@ -364,9 +454,12 @@ class ModelManager:
     def _load_ensemble_version(self, spec: ModelSpec) -> ModelVersion:
         """An ensemble has no backend: check it against its composing models and serve."""
         if self.ensembles is None:
-            raise UnsupportedError(f"model '{spec.name}': this host runs no ensembles")
+            raise UnavailableError(f"model '{spec.name}': this host runs no ensembles")
         config_mod.normalize_config(spec.config, spec.name)
         mv = EnsembleVersion(spec, self.ensembles, self._composing_config(spec.name))
+        if self.latency_config is not None:  # summaries / histograms (host.latency)
+            mv.stats.latency = LatencyRecorder(self.latency_config,
+                                               bool(spec.config.response_cache.enable))
         mv.load()
         log.info("successfully loaded '%s' version %d", spec.name, spec.version)
         self._notify(spec.name, spec.version, READY, "")
@@ -384,9 +477,23 @@ class ModelManager:
             for mv in list(entry.versions.values()):
                 self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
             entry.versions, entry.failed = {}, {}
+            if entry.override_dir is not None:
+                overrides.remove(entry.override_dir)
+                entry.override_dir, entry.location = None, None
             self._stop_dependents(name)
             if unload_dependents:
                 self._unload_unused(composing)
+
+    @staticmethod
+    def _settle_override(entry: ModelEntry, folder: Path) -> None:
+        """After a load: keep an override folder a version still runs from, remove it otherwise."""
+        if any(mv.spec.path == folder for mv in entry.versions.values()):
+            entry.override_dir = folder  # also a failed reload that keeps the old version serving
+            entry.location = repository.ModelLocation(entry.name, folder.parent, folder)
+            return
+        overrides.remove(folder)
+        if entry.override_dir == folder:
+            entry.override_dir, entry.location = None, None
 
     def unload_all(self) -> None:
         with self._lock:
