@@ -70,21 +70,21 @@ def _stats(client, model: str) -> dict:
     return client.get_inference_statistics(model)["model_stats"][0]
 
 
-def _stream(grpc_client, model: str, x: np.ndarray, **kwargs) -> list:
+def _stream(grpc_client, model: str, x: np.ndarray, names: tuple[str, str] = ("IN", "OUT")) -> list:
     """Every response of one streamed request (the flags-only final one ends it)."""
     responses: queue.Queue = queue.Queue()
     grpc_client.start_stream(lambda result, error: responses.put((result, error)))
     try:
-        grpc_client.async_stream_infer(model, _inputs(grpcclient, x, "IN"),
-                                       enable_empty_final_response=True, **kwargs)
+        grpc_client.async_stream_infer(model, _inputs(grpcclient, x, names[0]),
+                                       enable_empty_final_response=True)
         got = []
         while True:
             result, error = responses.get(timeout=30)
             if error is not None:
                 raise error
             response = result.get_response()
-            if result.as_numpy("OUT") is not None:
-                got.append(result.as_numpy("OUT").tolist())
+            if result.as_numpy(names[1]) is not None:
+                got.append(result.as_numpy(names[1]).tolist())
             if response.parameters["triton_final_response"].bool_param:
                 return got
     finally:
@@ -106,6 +106,11 @@ def test_chain_runs_each_step_once(request, protocol) -> None:
     response = result.get_response()
     name = response["model_name"] if protocol == "http" else response.model_name
     assert name == "ens_chain"
+
+
+def test_ensemble_over_the_grpc_stream(grpc) -> None:
+    got = _stream(grpc, "ens_nested", np.array([1.0, 2.0], np.float32), ("INPUT0", "OUTPUT0"))
+    assert got == [[4.0, 6.0]]
 
 
 def test_independent_branches_run_concurrently(http) -> None:

@@ -215,7 +215,8 @@ class _Run:
             value, batched = self._take(tensor, key)
             if value is not None:
                 shape = _reshape(step.input_dims[model_input], step.batching, batched, value.shape)
-                inputs[model_input] = Tensor(model_input, value.datatype, shape, value.data)
+                inputs[model_input] = value if value.name == model_input and shape is value.shape \
+                    else Tensor(model_input, value.datatype, shape, value.data)
         return inputs
 
     # --- responses ------------------------------------------------------------------------------
@@ -282,7 +283,8 @@ class _Run:
             value, batched = self._take(name, key)
             if value is not None:
                 shape = _reshape(self.plan.output_dims[name], self.plan.batching, batched, value.shape)
-                tensors.append(Tensor(name, value.datatype, shape, value.data, value.parameters))
+                tensors.append(value if value.name == name and shape is value.shape
+                               else Tensor(name, value.datatype, shape, value.data, value.parameters))
         return InferenceResponse(outputs=tensors)
 
     def _finish(self) -> None:
