@@ -8,6 +8,7 @@ is loaded by its test. Model control tests that unload models run last, on their
 from __future__ import annotations
 
 import json
+import os
 import queue
 import uuid
 from pathlib import Path
@@ -359,4 +360,29 @@ def test_model_control_loads_and_unloads_composing_models(repo, broken) -> None:
         assert not client.is_model_ready("ens_nested")
         assert not client.is_model_ready("ens_chain") and not client.is_model_ready("ident")
         assert client.is_model_ready("mul2") and client.is_model_ready("add1")
+        client.close()
+
+
+def test_poll_mode_composing_model_removed_and_back(tmp_path) -> None:
+    from ensemble_models import CHAIN, IO, ensemble, python_model, unary
+
+    repo = tmp_path / "models"
+    python_model(repo, "ident", unary("INPUT0"), IO)
+    python_model(repo, "add1", unary("INPUT0 + 1"), IO)
+    ensemble(repo, "ens_chain", IO, CHAIN)
+    with serve(repo, "--model-control-mode", "poll", "--repository-poll-secs", "1") as s:
+        client = httpclient.InferenceServerClient(s.url)
+        assert client.is_model_ready("ens_chain")
+        os.rename(repo / "add1", tmp_path / "add1")
+
+        def reason() -> str:
+            rows = {r["name"]: r for r in client.get_model_repository_index()}
+            return rows["ens_chain"].get("reason", "") if "ens_chain" in rows else ""
+
+        assert "composing model 'add1'" in wait_until(reason, timeout=30)
+        assert not client.is_model_ready("ens_chain")
+        os.rename(tmp_path / "add1", repo / "add1")
+        wait_until(lambda: client.is_model_ready("ens_chain"), timeout=30)
+        x = np.ones(1, np.float32)
+        assert client.infer("ens_chain", _inputs(httpclient, x)).as_numpy("OUTPUT0").tolist() == [2.0]
         client.close()
