@@ -4,7 +4,7 @@ that runs steps which become ready together or on another thread."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from host.core import Host
@@ -20,14 +20,13 @@ class EnsembleRuntime:
     def __init__(self, host: Host) -> None:
         self._host = host
         self.pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="ensemble")
+        # A step is a request the host sends itself, through the same stages as a client's
+        # (bound once: this is on every step's path).
+        self.submit: Callable[[ModelVersion, InferenceRequest, ResponseCallback], None] = host._submit
 
     def get(self, name: str, version: int) -> ModelVersion:
         """The version a step uses: -1 is the latest ready one, looked up per request."""
         return self._host.manager.get(name, version)
-
-    def submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        """A step is a request the host sends itself, through the same stages as a client's."""
-        self._host._submit(mv, request, callback)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

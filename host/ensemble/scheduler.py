@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Key = tuple  # a value's place in the decoupled lineage: () or (i,) or (i, j) ...
+_ALL: frozenset[str] = frozenset()  # no output named: all of them
 
 
 class StepRunner(Protocol):
@@ -82,9 +83,8 @@ class EnsembleScheduler:
         self.mv, self.plan, self.runner = mv, plan, runner
 
     def submit(self, request: InferenceRequest) -> None:
-        requested = frozenset(o.name for o in request.outputs)
-        run = _Run(self, request, self.plan.pruned(requested))
-        run.start()
+        requested = frozenset(o.name for o in request.outputs) if request.outputs else _ALL
+        _Run(self, request, self.plan.pruned(requested)).start()
 
     def stop(self) -> None:
         """Nothing runs on threads of its own (the pool is the runtime's)."""
