@@ -18,7 +18,9 @@ machine disturbs much less than throughput. Per step:
 - `E1 - C1`: what running a model as an ensemble step costs on top of calling it directly (the
   ensemble's own work plus the step request's pass through the host's stages): the target
   "at most 20 us of server CPU per ensemble step on top of the step's own model";
-- `(E3 - E1) / 2`: what one more step costs, the step's model included.
+- `(E3 - E1) / 2`: what one more step costs, the step's model included;
+- in process, with steps that answer at once (no model, no host stages), `(E3 - E1) / 2` is the
+  ensemble scheduler's own CPU per step.
 
 The servers alternate over `--passes` (Triton, modelhost, Triton, ...); figures are medians.
 
@@ -144,6 +146,36 @@ def report(rows: list[dict], servers: list[str]) -> list[str]:
     return lines
 
 
+def machinery_cost(repo: str, requests: int = 5000) -> dict:
+    """In process, CPU time of the ensemble's own work per step: the steps answer at once (no
+    model, no host stages), so `(E3 - E1) / 2` is what the scheduler adds for one step, and
+    `E1 - direct` what an ensemble request costs beyond a request to one model that does nothing."""
+    import numpy as np
+
+    from host.core import Host
+    from host.inference import InferenceRequest, InferenceResponse, Tensor
+    from host.options import ServerOptions
+
+    host = Host(ServerOptions(model_repositories=[repo]))
+    host.start()
+    x = np.ones(1024, np.float32)
+    out = Tensor("OUTPUT0", "FP32", [1024], x)
+    host.ensembles.submit = lambda mv, request, callback: callback(InferenceResponse(outputs=[out]), True)
+
+    def cpu_us(model: str) -> float:
+        start = time.process_time()
+        for _ in range(requests):
+            host.infer(InferenceRequest(model, inputs={"INPUT0": Tensor("INPUT0", "FP32", [1024], x)}))
+        return (time.process_time() - start) / requests * 1e6
+
+    try:
+        e1 = statistics.median(cpu_us("ensemble_1") for _ in range(3))
+        e3 = statistics.median(cpu_us("ensemble_3") for _ in range(3))
+    finally:
+        host.stop()
+    return {"ensemble_1": e1, "ensemble_3": e3, "per_step": (e3 - e1) / 2}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--passes", type=int, default=2)
@@ -167,6 +199,10 @@ def main() -> int:
     title = (f"ensemble_bench {started}, {args.protocol}, concurrency {args.concurrency}, "
              f"{args.passes} pass(es), medians; machine: {pvt.machine_info()}")
     lines = [title, "", *report(rows, servers)]
+    cost = machinery_cost(repo)
+    lines.append(f"- in process, steps answered at once: ensemble_1 {cost['ensemble_1']:.1f} us, "
+                 f"ensemble_3 {cost['ensemble_3']:.1f} us of CPU per request: the scheduler's own "
+                 f"work per step = {cost['per_step']:.1f} us (target <= 20 us)")
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:
