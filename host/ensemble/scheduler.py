@@ -195,7 +195,7 @@ class _Run:
 
     def _new_request(self) -> StepRequest:
         """A step request with the ensemble request's id, parameters, priority, timeout and
-        sequence fields; the fields are copied from one template per run (cheaper than the
+        sequence fields, and the instances its BLS callers hold; the fields are copied from one template per run (cheaper than the
         dataclass constructor, which runs once per run instead of once per step)."""
         template = self.template
         if template is None:
@@ -204,7 +204,8 @@ class _Run:
                 model_name="", id=parent.id, parameters=parent.parameters,
                 sequence_id=parent.sequence_id, sequence_start=parent.sequence_start,
                 sequence_end=parent.sequence_end, priority=parent.priority,
-                timeout_us=parent.timeout_us, parent=parent).__dict__
+                timeout_us=parent.timeout_us, parent=parent,
+                held=parent.held).__dict__  # a BLS caller's instances (host.bls)
         request = object.__new__(StepRequest)
         request.__dict__.update(template)
         return request
