@@ -123,6 +123,22 @@ def execute(self, requests):
             for _ in requests]
 """
 
+# BLS: calls the ens_chain ensemble and answers with its output.
+BLS_TO_ENSEMBLE = """
+def execute(self, requests):
+    out = []
+    for r in requests:
+        x = pb_utils.get_input_tensor_by_name(r, "INPUT0")
+        reply = pb_utils.InferenceRequest(model_name="ens_chain", inputs=[x],
+                                          requested_output_names=["OUTPUT0"]).exec()
+        if reply.has_error():
+            out.append(pb_utils.InferenceResponse(error=reply.error()))
+        else:
+            y = pb_utils.get_output_tensor_by_name(reply, "OUTPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+    return out
+"""
+
 F = ("INPUT0", "FP32", "-1")
 O = ("OUTPUT0", "FP32", "-1")
 IO = _io([F], [O])
@@ -144,6 +160,7 @@ def write_repository(root: Path) -> Path:
     python_model(root, "versioned", "", IO + "version_policy { all { } }\n",
                  versions={1: unary("INPUT0 + 10"), 2: unary("INPUT0 + 20")})
     python_model(root, "fail", FAIL, IO)
+    python_model(root, "bls_to_ensemble", BLS_TO_ENSEMBLE, IO)
     python_model(root, "barrier_a", BARRIER, IO)
     python_model(root, "barrier_b", BARRIER, IO)
     python_model(root, "sum2", unary("A + B", ("A", "B")),
@@ -195,7 +212,7 @@ def write_repository(root: Path) -> Path:
     return root
 
 
-GOOD = ["ens_chain", "ens_cached", "ens_composing_cached", "ens_latest", "ens_v1", "ens_fail",
+GOOD = ["bls_to_ensemble", "ens_chain", "ens_cached", "ens_composing_cached", "ens_latest", "ens_v1", "ens_fail",
         "ens_branches", "ens_two_outputs", "ens_echo", "ens_cancel", "ens_nested",
         "ens_repeat_square", "ens_fan", "ens_nested_decoupled"]
 

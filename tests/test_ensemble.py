@@ -241,6 +241,12 @@ def test_decoupled_ensemble_over_http_generate_stream(server) -> None:
     assert [e["OUT"] for e in events] == [9, 9, 9]
 
 
+def test_bls_call_to_an_ensemble(http) -> None:
+    x = np.arange(3, dtype=np.float32)
+    result = http.infer("bls_to_ensemble", _inputs(httpclient, x))
+    assert result.as_numpy("OUTPUT0").tolist() == (x + 1).tolist()
+
+
 def test_nested_ensemble(http) -> None:
     x = np.arange(3, dtype=np.float32)
     assert http.infer("ens_nested", _inputs(httpclient, x)).as_numpy("OUTPUT0").tolist() == \
