@@ -107,6 +107,9 @@ def test_chain_runs_each_step_once(request, protocol) -> None:
     response = result.get_response()
     name = response["model_name"] if protocol == "http" else response.model_name
     assert name == "ens_chain"
+    if protocol == "http":  # Triton's ensemble responses carry the sequence fields
+        assert response["parameters"] == {"sequence_id": 0, "sequence_start": False,
+                                          "sequence_end": False}
 
 
 def test_ensemble_over_the_grpc_stream(grpc) -> None:

@@ -286,7 +286,11 @@ class _Run:
                 shape = _reshape(self.plan.output_dims[name], self.plan.batching, batched, value.shape)
                 tensors.append(value if value.name == name and shape is value.shape
                                else Tensor(name, value.datatype, shape, value.data, value.parameters))
-        return InferenceResponse(outputs=tensors)
+        # As Triton's, an ensemble response names the sequence fields its steps ran with.
+        request = self.request
+        return InferenceResponse(outputs=tensors, parameters={
+            "sequence_id": request.sequence_id, "sequence_start": request.sequence_start,
+            "sequence_end": request.sequence_end})
 
     def _finish(self) -> None:
         request, plan, mv = self.request, self.plan, self.sched.mv
