@@ -235,6 +235,9 @@ def write_broken(root: Path) -> dict[str, str]:
     ensemble(root, "bad_unwritten", two, [("ident", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}),
                                           ("add1", {"INPUT0": "never"}, {"OUTPUT0": "OUTPUT1"})])
     ensemble(root, "bad_cache_decoupled", INT_IO, [("repeat", {"IN": "IN"}, {"OUT": "OUT"})], CACHE)
+    python_model(root, "sequence_ident", unary("INPUT0"), IO, "sequence_batching { }\n")
+    ensemble(root, "bad_cache_sequence", IO,
+             [("sequence_ident", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"})], CACHE)
     ensemble(root, "bad_two_lineages", INT_IO,
              [("repeat", {"IN": "IN"}, {"OUT": "a"}),
               ("repeat", {"IN": "IN"}, {"OUT": "b"}),
@@ -249,5 +252,6 @@ def write_broken(root: Path) -> dict[str, str]:
         "bad_cycle_a": "circular dependency between ensembles: bad_cycle_a -> ... -> bad_cycle_b -> bad_cycle_a",
         "bad_unwritten": "output 'OUTPUT1' for ensemble 'bad_unwritten' is not written",
         "bad_cache_decoupled": "Response Cache does not currently support model bad_cache_decoupled with 'decoupled' transaction policy. Please disable the response cache.",
+        "bad_cache_sequence": "Response Cache does not currently support ensemble bad_cache_sequence: its composing model sequence_ident uses the sequence batching scheduler",
         "bad_two_lineages": "in ensemble bad_two_lineages, step of model 'sum2_int' receives inputs originated from different decoupled models",
     }
