@@ -20,6 +20,7 @@ from host import overrides, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.ensemble import EnsembleVersion
+from host.ensemble.control import Dependencies, composing_of
 from host.ensemble.scheduler import StepRunner
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
 from host.latency import LatencyConfig, LatencyRecorder, for_model
@@ -83,7 +84,7 @@ class ModelManager:
         self._lock = threading.RLock()
         self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
         self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
-        self._loading: list[str] = []  # ensembles being loaded, outermost first (cycles)
+        self._deps = Dependencies(self)  # ensembles and their composing models
         self._pass: set[str] | None = None  # models loaded by the running load_all
 
     # --- request path ------------------------------------------------------------------------
@@ -217,7 +218,7 @@ class ModelManager:
             return False
         try:
             cfg = config_mod.load_config_file(entry.location.path, self.config_name)
-        except Exception:  # a broken config fails its own load, with its own error
+        except HostError:  # a broken config fails its own load, with its own error
             return False
         return cfg is not None and cfg.platform == config_mod.ENSEMBLE_PLATFORM
 
@@ -259,14 +260,14 @@ class ModelManager:
         entry.unloaded = False
         entry.explicit = entry.explicit or explicit
         entry.fingerprint = repository.fingerprint(entry.location.path)
-        self._loading.append(name)
+        self._deps.loading.append(name)
         try:
             try:
                 base = self._base_config(entry, config_json)
                 versions = repository.select_versions(base.version_policy,
                                                       repository.versions_on_disk(entry.location.path))
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
-                    self._load_composing(name, base)
+                    self._deps.load_composing(name, base)
             except HostError as exc:
                 entry.error = str(exc)
                 self._notify(name, -1, UNAVAILABLE, entry.error)
@@ -275,91 +276,10 @@ class ModelManager:
             entry.waiting_on.clear()
             self._load_versions(entry, base, versions)
         finally:
-            self._loading.remove(name)
+            self._deps.loading.remove(name)
         if self._pass is not None:
             self._pass.add(name)
-        self._reload_dependents(name)
-
-    # --- ensembles and their composing models ---------------------------------------------------
-    def _load_composing(self, name: str, cfg: model_config_pb2.ModelConfig) -> None:
-        """Load what ensemble `name` needs that is not loaded yet, with Triton's errors."""
-        wanted = list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))
-        for dep in wanted:
-            if dep in self._loading:
-                raise _CycleError(f"circular dependency between ensembles: {dep} -> ... -> "
-                                  f"{name} -> {dep}")
-        missing = [d for d in wanted if (e := self._models.get(d)) is None or e.location is None]
-        if missing:
-            raise InvalidArgumentError(f"ensemble {name} contains models that are not available "
-                                       f"or ambiguous: {', '.join(sorted(missing))}")
-        for dep in wanted:
-            entry = self._models[dep]
-            if entry.default_version() is not None:
-                continue
-            try:
-                self._load(dep, None, None, explicit=False)
-            except _CycleError:
-                raise
-            except HostError as exc:
-                raise InvalidArgumentError(
-                    f"ensemble '{name}' depends on '{dep}' which has no loaded version. Model "
-                    f"'{dep}' loading failed with error: {exc}") from None
-
-    def _composing_config(self, ensemble: str) -> Callable[[str, int], model_config_pb2.ModelConfig]:
-        def lookup(name: str, version: int) -> model_config_pb2.ModelConfig:
-            entry = self._models.get(name)
-            mv = None if entry is None else (
-                entry.default_version() if version < 0 else entry.versions.get(version))
-            if mv is None or mv.state != READY:
-                raise InvalidArgumentError(
-                    f"ensemble '{ensemble}' depends on '{name}' which has no loaded version."
-                    if version < 0 else
-                    f"ensemble '{ensemble}' depends on '{name}' whose required version {version} "
-                    "is not loaded.")
-            return mv.config
-        return lookup
-
-    def _dependents(self, name: str) -> list[ModelEntry]:
-        """Entries with a loaded ensemble version that has `name` as a step."""
-        return [e for e in self._models.values()
-                if any(isinstance(v, EnsembleVersion) and name in v.composing
-                       for v in e.versions.values())]
-
-    def _reload_dependents(self, name: str) -> None:
-        users = {e.name for e in self._dependents(name)}
-        for entry in list(self._models.values()):
-            if entry.name in self._loading or entry.name == name:
-                continue
-            back = name in entry.waiting_on
-            entry.waiting_on.discard(name)
-            if (back and not entry.waiting_on) or entry.name in users:
-                try:
-                    self._load(entry.name, None, None, explicit=False)  # re-checked
-                except HostError as exc:
-                    log.error("ensemble '%s' did not load again after '%s' loaded: %s",
-                              entry.name, name, exc)
-
-    def _stop_dependents(self, name: str) -> None:
-        """A model went away: the ensembles that use it stop serving, saying why."""
-        for entry in self._dependents(name):
-            reason = f"unloaded: its composing model '{name}' was unloaded"
-            for mv in list(entry.versions.values()):
-                self._unload_version(mv, reason)
-                entry.failed[mv.version] = reason
-            entry.versions = {}
-            entry.waiting_on.add(name)
-            self._stop_dependents(entry.name)
-
-    def _unload_unused(self, names: list[str]) -> None:
-        """`unload_dependents`: composing models loaded only for ensembles that no loaded
-        ensemble uses any more are unloaded too."""
-        for name in names:
-            entry = self._models.get(name)
-            if entry is None or entry.explicit or not entry.versions or self._dependents(name):
-                continue
-            composing = _composing_of(entry)
-            self.unload(name, unload_dependents=True)
-            self._unload_unused(composing)
+        self._deps.model_loaded(name)
 
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
@@ -456,7 +376,7 @@ class ModelManager:
         if self.ensembles is None:
             raise UnavailableError(f"model '{spec.name}': this host runs no ensembles")
         config_mod.normalize_config(spec.config, spec.name)
-        mv = EnsembleVersion(spec, self.ensembles, self._composing_config(spec.name))
+        mv = EnsembleVersion(spec, self.ensembles, self._deps.config_lookup(spec.name))
         if self.latency_config is not None:  # summaries / histograms (host.latency)
             mv.stats.latency = LatencyRecorder(self.latency_config,
                                                bool(spec.config.response_cache.enable))
@@ -473,16 +393,16 @@ class ModelManager:
             entry.unloaded = True
             entry.explicit = False
             entry.waiting_on.clear()
-            composing = _composing_of(entry)
+            composing = composing_of(entry)
             for mv in list(entry.versions.values()):
                 self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
             entry.versions, entry.failed = {}, {}
             if entry.override_dir is not None:
                 overrides.remove(entry.override_dir)
                 entry.override_dir, entry.location = None, None
-            self._stop_dependents(name)
+            self._deps.model_unloaded(name)
             if unload_dependents:
-                self._unload_unused(composing)
+                self._deps.unload_unused(composing)
 
     @staticmethod
     def _settle_override(entry: ModelEntry, folder: Path) -> None:
@@ -534,11 +454,3 @@ class ModelManager:
         except Exception:
             log.exception("model-state listener failed")
 
-
-class _CycleError(InvalidArgumentError):
-    """Ensembles that need each other: reported as it is, not as a composing model's failure."""
-
-
-def _composing_of(entry: ModelEntry) -> list[str]:
-    return sorted({m for v in entry.versions.values() if isinstance(v, EnsembleVersion)
-                   for m in v.composing})
