@@ -59,6 +59,7 @@ class Pruned:
     consumers: dict[str, tuple[Step, ...]]  # ensemble tensor -> steps that read it
     first: tuple[Step, ...]  # steps that read ensemble inputs only
     outputs: frozenset[str]  # the requested ensemble outputs
+    ordered_outputs: tuple[str, ...]  # the same, in the order the configuration lists them
     readers: dict[str, int]  # ensemble tensor -> how many reads of each value (steps, response)
     # Per step index: the steps its outputs feed, each with the tensors it reads (checked when a
     # response arrives), and whether it writes a requested output.
@@ -114,8 +115,9 @@ class Plan:
             fed = {c.index: c for _, t in s.outputs for c in consumers.get(t, ())}
             next_steps[s.index] = tuple((c, tuple(t for _, t in c.inputs)) for c in fed.values())
             writes_output[s.index] = any(t in wanted for _, t in s.outputs)
-        return Pruned(steps, {t: tuple(v) for t, v in consumers.items()}, first, wanted, readers,
-                      next_steps, writes_output)
+        ordered = tuple(t for t in self.output_order if t in wanted)
+        return Pruned(steps, {t: tuple(v) for t, v in consumers.items()}, first, wanted, ordered,
+                      readers, next_steps, writes_output)
 
 
 @dataclass

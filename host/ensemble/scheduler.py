@@ -81,6 +81,9 @@ _drivers = _Drivers()
 class EnsembleScheduler:
     def __init__(self, mv: ModelVersion, plan: Plan, runner: StepRunner) -> None:
         self.mv, self.plan, self.runner = mv, plan, runner
+        # Every field of a step request at its default; a run sets those it takes from the
+        # ensemble request, a step its model, inputs and outputs (all mutable defaults replaced).
+        self.defaults = dict(StepRequest(model_name="").__dict__)
 
     def submit(self, request: InferenceRequest) -> None:
         requested = frozenset(o.name for o in request.outputs) if request.outputs else _ALL
@@ -200,12 +203,12 @@ class _Run:
         template = self.template
         if template is None:
             parent = self.request
-            template = self.template = StepRequest(
-                model_name="", id=parent.id, parameters=parent.parameters,
-                sequence_id=parent.sequence_id, sequence_start=parent.sequence_start,
-                sequence_end=parent.sequence_end, priority=parent.priority,
-                timeout_us=parent.timeout_us, parent=parent,
-                held=parent.held).__dict__  # a BLS caller's instances (host.bls)
+            template = self.template = dict(self.sched.defaults)
+            template.update(
+                id=parent.id, parameters=parent.parameters, sequence_id=parent.sequence_id,
+                sequence_start=parent.sequence_start, sequence_end=parent.sequence_end,
+                priority=parent.priority, timeout_us=parent.timeout_us, parent=parent,
+                held=parent.held)  # a BLS caller's instances (host.bls)
         request = object.__new__(StepRequest)
         request.__dict__.update(template)
         return request
@@ -262,30 +265,37 @@ class _Run:
                  ready: list[tuple[Step, Key]]) -> InferenceResponse | None:
         """Store a step's outputs; collect the steps they make ready; return an ensemble
         response if every requested output now has a value for `key`."""
-        pruned = self.pruned
-        by_name = {t.name: t for t in response.outputs}
+        pruned, values = self.pruned, self.values
+        produced = response.outputs
         for model_output, tensor in step.outputs:
             # A missing output is stored as an absent value (the next step omits that input).
-            self._store(tensor, key, by_name.get(model_output), step.batching)
-        values = self.values
+            value = None
+            for t in produced:
+                if t.name == model_output:
+                    value = t
+                    break
+            self._store(tensor, key, value, step.batching)
         for s, reads in pruned.next_steps[step.index]:
             for t in reads:
                 if (t, key) not in values:
                     break
             else:
                 ready.append((s, key))
-        outputs = pruned.outputs
-        if not pruned.writes_output[step.index] or not all((t, key) in values for t in outputs):
+        if not pruned.writes_output[step.index]:
             return None
-        tensors = []
-        for name in self.plan.output_order:
-            if name not in outputs:
-                continue
+        outputs = pruned.ordered_outputs
+        for name in outputs:
+            if (name, key) not in values:
+                return None
+        plan, tensors = self.plan, []
+        for name in outputs:
             value, batched = self._take(name, key)
-            if value is not None:
-                shape = _reshape(self.plan.output_dims[name], self.plan.batching, batched, value.shape)
-                tensors.append(value if value.name == name and shape is value.shape
-                               else Tensor(name, value.datatype, shape, value.data, value.parameters))
+            if value is None:
+                continue
+            shape = value.shape if batched == plan.batching else \
+                _reshape(plan.output_dims[name], plan.batching, batched, value.shape)
+            tensors.append(value if value.name == name and shape is value.shape
+                           else Tensor(name, value.datatype, shape, value.data, value.parameters))
         # As Triton's, an ensemble response names the sequence fields its steps ran with.
         request = self.request
         return InferenceResponse(outputs=tensors, parameters={
