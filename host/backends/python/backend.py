@@ -246,10 +246,14 @@ class PythonBackend(Backend):
             forget_module(module)
 
     def create_model(self, spec: ModelSpec) -> PythonModel:
-        return PythonModel(spec)
+        model = PythonModel(spec)
+        model.backend_settings = self.config
+        return model
 
 
 class PythonModel(Model):
+    backend_settings: dict[str, str] = {}
+
     def initialize(self) -> None:
         self.path = model_file(self.spec)
         cfg = self.spec.config
@@ -259,7 +263,12 @@ class PythonModel(Model):
             for o in cfg.output if o.data_type != 0}
         self.output_names = [o.name for o in cfg.output]
 
-    def create_instance(self, spec: InstanceSpec) -> PythonInstance:
+    def create_instance(self, spec: InstanceSpec) -> Instance:
+        # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
+        if settings.execution_mode(self.spec, self.backend_settings) == "process":
+            from host.backends.python.process import ProcessInstance
+
+            return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings))
         return PythonInstance(self, spec)
 
 

@@ -10,6 +10,7 @@ that they change nothing.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from host.errors import InvalidArgumentError
 
@@ -27,6 +28,34 @@ _INTEGERS = {
 _GENERAL = {"auto-complete-config", "backend-directory", "min-compute-capability",
             "default-max-batch-size"}
 
+# Where a python model's instances run (docs/process_model.md): "thread" (in the server process,
+# the default) or "process" (a stub process each). Per model: the EXECUTION_MODE parameter of its
+# config; for every python model: --backend-config=python,execution-mode=process.
+EXECUTION_MODES = ("thread", "process")
+EXECUTION_MODE_PARAMETER = "EXECUTION_MODE"
+EXECUTION_MODE_SETTING = "execution-mode"
+DEFAULT_ARENA_BYTES = 64 * 1024 * 1024
+
+
+def execution_mode(spec: Any, settings: dict[str, str]) -> str:
+    """The execution mode of a model: its config parameter, else the backend setting."""
+    value = spec.parameter(EXECUTION_MODE_PARAMETER)
+    source = f"parameter {EXECUTION_MODE_PARAMETER} of model '{spec.name}'"
+    if value is None:
+        value = settings.get(EXECUTION_MODE_SETTING, "thread")
+        source = f"python backend setting {EXECUTION_MODE_SETTING}"
+    mode = value.strip().lower()
+    if mode not in EXECUTION_MODES:
+        raise InvalidArgumentError(
+            f"{source}: '{value}' is not an execution mode; expected 'thread' or 'process'")
+    return mode
+
+
+def arena_bytes(settings: dict[str, str]) -> int:
+    """Size of each shared-memory arena of a process-mode instance (shm-default-byte-size)."""
+    value = settings.get("shm-default-byte-size")
+    return max(int(value), DEFAULT_ARENA_BYTES) if value else DEFAULT_ARENA_BYTES
+
 
 def check(settings: dict[str, str]) -> None:
     """Refuse values Triton refuses; log that the stub settings have no effect here."""
@@ -40,6 +69,12 @@ def check(settings: dict[str, str]) -> None:
             rule = _INTEGERS[key]
             if rule is not None and number < rule[0]:
                 raise InvalidArgumentError(rule[1])
+        elif key == EXECUTION_MODE_SETTING:
+            if value.strip().lower() not in EXECUTION_MODES:
+                raise InvalidArgumentError(
+                    f"python backend setting {key}: '{value}' is not an execution mode; "
+                    "expected 'thread' or 'process'")
+            continue
         elif key == "shm-region-prefix-name":
             if not value:
                 raise InvalidArgumentError(

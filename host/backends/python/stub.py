@@ -1,0 +1,190 @@
+"""The stub process of a python model instance in process mode (`python -m host.backends.python.stub FD`).
+
+Started by `host.backends.python.process` with its end of the control socket as file descriptor
+FD. It runs the model with the same code as the in-process backend (`PythonModel` and
+`PythonInstance` of `host.backends.python.backend`), so both modes behave alike; only the way
+requests arrive and responses leave differs:
+
+- inputs are numpy views of the host's input arena (no copy), BYTES rebuilt from the arena;
+- each response's outputs are written once into this process's output arena, and the host views
+  them there; the host tells us when a block is free again;
+- a request's responses are sent as they come (decoupled models stream), the responses returned by
+  a non-decoupled execute travel with the "done" message of the batch.
+
+The stub exits when the control socket closes (the host died or dropped it), after "fini", or
+when the model calls sys.exit / os._exit: the host notices the closed socket either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from host.backend import InstanceSpec, ModelSpec
+from host.backends.python import pb_utils
+from host.backends.python.channel import Channel, ChannelClosed
+from host.backends.python.shm_arena import Arena
+from host.errors import HostError
+from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+log = logging.getLogger("host.backends.python.stub")
+
+BLS_REFUSED = ("BLS is not available to a python model that runs in its own process "
+               "(EXECUTION_MODE 'process'): run this model in-process (EXECUTION_MODE 'thread')")
+
+
+def _refuse_bls(*args: Any, **kwargs: Any) -> Any:
+    raise pb_utils.TritonModelException(BLS_REFUSED)
+
+
+async def _refuse_bls_async(*args: Any, **kwargs: Any) -> Any:
+    raise pb_utils.TritonModelException(BLS_REFUSED)
+
+
+class Stub:
+    def __init__(self, channel: Channel, init: dict[str, Any]) -> None:
+        from host.backends.python.backend import PythonInstance, PythonModel
+        from host.proto import model_config_pb2
+
+        self.channel = channel
+        self.in_arena = Arena.attach(*init["in_arena"])
+        self.out_arena = Arena.attach(*init["out_arena"])
+        config = model_config_pb2.ModelConfig.FromString(init["config"])
+        spec = ModelSpec(name=init["name"], version=init["version"], repository=init["repository"],
+                         path=init["path"], config=config, backend="python")
+        self.model = PythonModel(spec)
+        self.model.initialize()
+        self.instance = PythonInstance(self.model, InstanceSpec(**init["instance"]))
+        self.live: dict[int, InferenceRequest] = {}  # request key -> request, until its final
+        self.live_lock = threading.Lock()
+        self.work: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+
+    # --- receiving (a thread of its own, so frees and cancels arrive during an execute) ---
+
+    def read_loop(self) -> None:
+        try:
+            while True:
+                msg = self.channel.recv()
+                kind = msg[0]
+                if kind == "free":
+                    for offset in msg[1]:
+                        self.out_arena.free(offset)
+                elif kind == "cancel":
+                    with self.live_lock:
+                        for key in msg[1]:
+                            request = self.live.get(key)
+                            if request is not None:
+                                request.cancel()
+                else:
+                    self.work.put(msg)
+        except ChannelClosed:
+            pass
+        except BaseException:
+            log.exception("stub control channel failed")
+        # The host is gone or dropped us: nothing left to answer to.
+        os._exit(0)
+
+    # --- executing (main thread) ---
+
+    def serve(self) -> None:
+        threading.Thread(target=self.read_loop, daemon=True, name="stub-reader").start()
+        while True:
+            msg = self.work.get()
+            if msg is None or msg[0] == "fini":
+                self.instance.finalize()
+                self.channel.send(("fini_done",))
+                return
+            _, batch_id, wire_requests, frees = msg
+            for offset in frees:
+                self.out_arena.free(offset)
+            requests = [self._request(w) for w in wire_requests]
+            result = self.instance.execute(requests)  # SystemExit ends the process: intended
+            encoded = None
+            if result is not None:
+                encoded = [self._encode(r) for r in result]
+                with self.live_lock:
+                    for r in requests:
+                        self.live.pop(r._stub_key, None)  # type: ignore[attr-defined]
+            self.channel.send(("done", batch_id, encoded))
+
+    def _request(self, w: dict[str, Any]) -> InferenceRequest:
+        key = w["key"]
+        inputs = {name: Tensor(name=name, datatype=ref[0], shape=list(ref[1]),
+                               data=self.in_arena.view(ref))
+                  for name, ref in w["inputs"]}
+        request = InferenceRequest(
+            model_name=self.model.spec.name, model_version=self.model.spec.version, id=w["id"],
+            inputs=inputs, outputs=[RequestedOutput(n) for n in w["outputs"]],
+            parameters=w["parameters"], sequence_id=w["sequence_id"],
+            sequence_start=w["sequence_start"], sequence_end=w["sequence_end"],
+            timeout_us=w["timeout_us"], cancelled=w["cancelled"])
+        request._stub_key = key  # type: ignore[attr-defined]
+        channel, encode, live, lock = self.channel, self._encode, self.live, self.live_lock
+
+        def callback(response: InferenceResponse | None, final: bool) -> None:
+            if final:
+                with lock:
+                    live.pop(key, None)
+            channel.send(("resp", key, None if response is None else encode(response), final))
+
+        request.callback = callback
+        with lock:
+            live[key] = request
+        return request
+
+    def _encode(self, response: InferenceResponse) -> tuple[Any, ...]:
+        error = None
+        if response.error is not None:
+            error = (response.error.code.name, response.error.message)
+        outputs = []
+        for t in response.outputs:
+            ref, _ = self.out_arena.write(t.datatype, t.data)
+            outputs.append((t.name, ref))
+        return (response.id, response.parameters or None, error, outputs)
+
+
+def main(argv: list[str]) -> None:
+    # Ctrl-C or SIGTERM sent to the server's process group is for the server: it drains its
+    # requests, then finalizes this stub through the control channel.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    channel = Channel(socket.socket(fileno=int(argv[0])))
+    try:
+        _, init = channel.recv()
+    except ChannelClosed:
+        os._exit(0)
+    logging.basicConfig(level=init.get("log_level", logging.INFO), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [stub {init['instance']['name']} "
+                               "pid %(process)d] %(name)s: %(message)s")
+    pb_utils.InferenceRequest.exec = _refuse_bls  # type: ignore[method-assign]
+    pb_utils.InferenceRequest.async_exec = _refuse_bls_async  # type: ignore[method-assign]
+    try:
+        stub = Stub(channel, init)
+        stub.instance.initialize()
+    except HostError as exc:
+        channel.send(("init_error", exc.code.name, exc.message))
+        os._exit(1)
+    except BaseException as exc:
+        channel.send(("init_error", "INTERNAL", f"{type(exc).__name__}: {exc}"))
+        os._exit(1)
+    channel.send(("ready", os.getpid()))
+    try:
+        stub.serve()
+    except SystemExit as exc:
+        log.error("python model '%s' called sys.exit(%s) in execute", init["name"], exc.code)
+        os._exit(exc.code if isinstance(exc.code, int) else 1)
+    except ChannelClosed:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,325 @@
+"""Process mode of the python backend (docs/process_model.md), through a real `modelhost serve`
+and the real tritonclient: every instance runs in a stub process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import textwrap
+import threading
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from host.testing import serve, wait_until
+
+PROCESS = 'parameters { key: "EXECUTION_MODE" value { string_value: "process" } }\n'
+
+TYPES_MODEL = '''
+import json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            tensors = []
+            for name in ("FP32", "INT64", "BOOL", "STR", "FP16"):
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                tensors.append(pb_utils.Tensor("OUT_" + name, t.as_numpy()))
+            tensors.append(pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)))
+            tensors.append(pb_utils.Tensor(
+                "PARAMS", np.array([request.parameters().encode()], dtype=object)))
+            out.append(pb_utils.InferenceResponse(tensors))
+        return out
+'''
+
+TYPES_CONFIG = '''
+max_batch_size: 0
+input [
+  { name: "FP32" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "INT64" data_type: TYPE_INT64 dims: [ 2, 2 ] },
+  { name: "BOOL" data_type: TYPE_BOOL dims: [ -1 ] },
+  { name: "STR" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "FP16" data_type: TYPE_FP16 dims: [ -1 ] }
+]
+output [
+  { name: "OUT_FP32" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "OUT_INT64" data_type: TYPE_INT64 dims: [ 2, 2 ] },
+  { name: "OUT_BOOL" data_type: TYPE_BOOL dims: [ -1 ] },
+  { name: "OUT_STR" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "OUT_FP16" data_type: TYPE_FP16 dims: [ -1 ] },
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] }
+]
+''' + PROCESS
+
+DECOUPLED_MODEL = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.stream, args=(request,)).start()
+        return None
+
+    def stream(self, request):
+        n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+        sender = request.get_response_sender()
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+DECOUPLED_CONFIG = '''
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''' + PROCESS
+
+# Each execute announces its PID in a shared folder, then spins in pure Python (holding its GIL)
+# until it sees another execute's announcement, or gives up after a while. Both requests seeing
+# each other proves they ran at the same time; with one interpreter, the spin would hold the GIL.
+BUSY_MODEL = '''
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            folder = pb_utils.get_input_tensor_by_name(request, "DIR").as_numpy()[0].decode()
+            mine = os.path.join(folder, str(os.getpid()))
+            open(mine, "w").close()
+            deadline = time.monotonic() + 20
+            overlap = False
+            while time.monotonic() < deadline:
+                x = 0
+                for i in range(20000):
+                    x += i * i
+                if len(os.listdir(folder)) >= 2:
+                    overlap = True
+                    break
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)),
+                pb_utils.Tensor("OVERLAP", np.array([overlap], dtype=bool))]))
+        return out
+'''
+
+BUSY_CONFIG = '''
+max_batch_size: 0
+input [ { name: "DIR" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "OVERLAP" data_type: TYPE_BOOL dims: [ 1 ] }
+]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+''' + PROCESS
+
+CRASH_MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 1:
+                os._exit(3)
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 2:
+                raise SystemExit(4)
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))]) for _ in requests]
+'''
+
+CRASH_CONFIG = '''
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+''' + PROCESS
+
+BLS_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            pb_utils.InferenceRequest(model_name="proc_types", requested_output_names=["PID"],
+                                      inputs=[]).exec()
+        return None
+'''
+
+BLS_CONFIG = '''
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''' + PROCESS
+
+MODELS = {
+    "proc_types": (TYPES_CONFIG, TYPES_MODEL),
+    "proc_decoupled": (DECOUPLED_CONFIG, DECOUPLED_MODEL),
+    "proc_busy": (BUSY_CONFIG, BUSY_MODEL),
+    "proc_crash": (CRASH_CONFIG, CRASH_MODEL),
+    "proc_bls": (BLS_CONFIG, BLS_MODEL),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("process_models")
+    for name, (config, code) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(config))
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    args = ["--model-control-mode", "explicit"]
+    for name in MODELS:
+        args += ["--load-model", name]
+    with serve(repo, *args) as srv:
+        yield srv
+
+
+def _types_inputs(module):
+    values = {
+        "FP32": np.array([1.5, -2.0, 3.25], dtype=np.float32),
+        "INT64": np.array([[1, -2], [3, 1 << 40]], dtype=np.int64),
+        "BOOL": np.array([True, False, True]),
+        "STR": np.array([b"hello", b"", b"\x00bin\xff", "caf\u00e9".encode()], dtype=object),
+        "FP16": np.array([0.5, 2.0], dtype=np.float16),
+    }
+    datatypes = {"FP32": "FP32", "INT64": "INT64", "BOOL": "BOOL", "STR": "BYTES", "FP16": "FP16"}
+    inputs = []
+    for name, value in values.items():
+        t = module.InferInput(name, list(value.shape), datatypes[name])
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    return values, inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_datatypes_round_trip_through_the_stub(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    values, inputs = _types_inputs(module)
+    result = client.infer("proc_types", inputs, parameters={"greeting": "hi", "n": 3})
+    for name, value in values.items():
+        got = result.as_numpy("OUT_" + name)
+        assert got.dtype == value.dtype or name == "STR"
+        np.testing.assert_array_equal(got, value)
+    pid = int(result.as_numpy("PID")[0])
+    assert pid != server.pid and pid != os.getpid()
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {"greeting": "hi", "n": 3}
+    # Only the requested outputs come back.
+    outputs = [module.InferRequestedOutput("OUT_STR"), module.InferRequestedOutput("PID")]
+    result = client.infer("proc_types", inputs, outputs=outputs)
+    assert result.as_numpy("OUT_FP32") is None
+    np.testing.assert_array_equal(result.as_numpy("OUT_STR"), values["STR"])
+
+
+def test_decoupled_model_streams_from_its_process(server):
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([5], dtype=np.int32))
+        client.async_stream_infer("proc_decoupled", [n], enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = responses.get(timeout=30)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            got.append(int(result.as_numpy("OUT")[0]))
+        assert got == [0, 1, 2, 3, 4]
+    finally:
+        client.stop_stream()
+
+
+def test_two_instances_execute_concurrently_in_two_processes(server, tmp_path):
+    client = httpclient.InferenceServerClient(server.url, concurrency=2)
+    folder = np.array([str(tmp_path).encode()], dtype=object)
+    inp = httpclient.InferInput("DIR", [1], "BYTES")
+    inp.set_data_from_numpy(folder)
+    pending = [client.async_infer("proc_busy", [inp]) for _ in range(2)]
+    results = [p.get_result(timeout=60) for p in pending]
+    pids = {int(r.as_numpy("PID")[0]) for r in results}
+    assert len(pids) == 2, pids
+    assert all(bool(r.as_numpy("OVERLAP")[0]) for r in results)
+    assert sorted(int(p.name) for p in tmp_path.iterdir()) == sorted(pids)
+
+
+def _crash_infer(client, value):
+    x = httpclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return client.infer("proc_crash", [x])
+
+
+@pytest.mark.parametrize("how", [1, 2], ids=["os._exit", "sys.exit"])
+def test_a_crashing_stub_fails_its_request_and_is_restarted(server, how):
+    client = httpclient.InferenceServerClient(server.url)
+    before = int(_crash_infer(client, 0).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException) as info:
+        _crash_infer(client, how)
+    assert re.search(r"Stub process 'proc_crash_0\w*' is not healthy\.", info.value.message())
+    assert not _alive(before)
+    # The next request starts the stub again and is served.
+    after = int(_crash_infer(client, 0).as_numpy("PID")[0])
+    assert after != before and _alive(after)
+    assert client.is_model_ready("proc_crash")
+
+
+def test_bls_from_a_stub_fails_clearly(server):
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("proc_bls", [x])
+    assert "BLS is not available to a python model that runs in its own process" in info.value.message()
+
+
+def test_statistics_are_counted_by_the_server(server):
+    client = httpclient.InferenceServerClient(server.url)
+    values, inputs = _types_inputs(httpclient)
+    before = client.get_inference_statistics("proc_types")["model_stats"][0]["inference_count"]
+    for _ in range(3):
+        client.infer("proc_types", inputs)
+    after = client.get_inference_statistics("proc_types")["model_stats"][0]["inference_count"]
+    assert int(after) - int(before) == 3
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_unload_stops_the_stub_processes(server, tmp_path):
+    client = httpclient.InferenceServerClient(server.url, concurrency=2)
+    inp = httpclient.InferInput("DIR", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([str(tmp_path).encode()], dtype=object))
+    pending = [client.async_infer("proc_busy", [inp]) for _ in range(2)]
+    pids = {int(p.get_result(timeout=60).as_numpy("PID")[0]) for p in pending}
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    client.unload_model("proc_busy")
+    wait_until(lambda: not any(_alive(p) for p in pids), timeout=30,
+               message=f"stub processes {pids} outlived the unload")
+    client.load_model("proc_busy")
+    assert client.is_model_ready("proc_busy")
