@@ -38,6 +38,13 @@ class TritonPythonModel:
             tensors.append(pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)))
             tensors.append(pb_utils.Tensor(
                 "PARAMS", np.array([request.parameters().encode()], dtype=object)))
+            # Zero copy: the input is a view of the shared-memory arena, not a private array.
+            fp32 = pb_utils.get_input_tensor_by_name(request, "FP32").as_numpy()
+            base = fp32
+            while isinstance(base, np.ndarray) and not base.flags.owndata:
+                base = base.base
+            shared = type(base).__name__.startswith("c_char_Array")
+            tensors.append(pb_utils.Tensor("SHARED", np.array([shared])))
             out.append(pb_utils.InferenceResponse(tensors))
         return out
 '''
@@ -58,7 +65,8 @@ output [
   { name: "OUT_STR" data_type: TYPE_STRING dims: [ -1 ] },
   { name: "OUT_FP16" data_type: TYPE_FP16 dims: [ -1 ] },
   { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] },
-  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] }
+  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "SHARED" data_type: TYPE_BOOL dims: [ 1 ] }
 ]
 ''' + PROCESS
 
@@ -224,6 +232,7 @@ def test_datatypes_round_trip_through_the_stub(server, protocol):
     pid = int(result.as_numpy("PID")[0])
     assert pid != server.pid and pid != os.getpid()
     assert json.loads(result.as_numpy("PARAMS")[0]) == {"greeting": "hi", "n": 3}
+    assert result.as_numpy("SHARED")[0]
     # Only the requested outputs come back.
     outputs = [module.InferRequestedOutput("OUT_STR"), module.InferRequestedOutput("PID")]
     result = client.infer("proc_types", inputs, outputs=outputs)

@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Sequence
 
 from host.backend import Instance, InstanceSpec
@@ -97,13 +98,16 @@ class _Child:
 
     def _read_loop(self) -> None:
         sock = self.channel.sock
+        next_chores = time.monotonic() + _POLL_S
         try:
             while True:
                 ready, _, _ = select.select([sock], [], [], _POLL_S)
-                if not ready:
+                if ready:
+                    self._dispatch(self.channel.recv())
+                now = time.monotonic()
+                if now >= next_chores:  # also when messages never stop (a long stream)
+                    next_chores = now + _POLL_S
                     self._housekeeping()
-                    continue
-                self._dispatch(self.channel.recv())
         except ChannelClosed:
             pass
         except Exception:
