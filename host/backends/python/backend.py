@@ -27,6 +27,10 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
   the configured `data_type` turns the response into an error naming the output; BYTES outputs
   (object arrays of bytes/str, or 'S' arrays) become object arrays of `bytes`.
 
+Process mode (`EXECUTION_MODE` "process", docs/process_model.md): each instance runs this same
+code in a stub process of its own (`host.backends.python.process`), so CPU-bound models scale with
+their instance count.
+
 Not supported (yet): BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...) raises
 TritonModelException; request rescheduling; the optional `is_ready()`; GPU-resident tensors
 (tensors live in CPU memory); custom metrics are not exported.

@@ -1,10 +1,11 @@
 """--backend-config settings of the python backend, checked as Triton's python backend checks them.
 
 Triton's settings size the shared memory between the server and each model's stub process, the
-stub's start-up timeout and a thread pool. Models run inside the server process here, so there is
-no stub and no such memory: the settings are accepted, an invalid value still fails the load with
-Triton's message (so a command line that Triton refuses is refused here too), and the log says
-that they change nothing.
+stub's start-up timeout and a thread pool. Models run inside the server process by default, so
+there is no stub: the settings are accepted, an invalid value still fails the load with Triton's
+message (so a command line that Triton refuses is refused here too), and the log says that they
+change nothing. In process mode (`execution-mode`, below) `shm-default-byte-size` sizes each
+instance's shared-memory arenas.
 """
 
 from __future__ import annotations
