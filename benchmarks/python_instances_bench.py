@@ -34,7 +34,7 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("ROOT", "/work/triton-anchor")
-import perf_vs_triton as pvt  # noqa: E402
+import perf_vs_triton as pvt
 
 PA_FLAGS = ["--measurement-interval", "3000", "--max-trials", "3", "--stability-percentage", "999"]
 TRITON_PORTS = (19800, 19801, 19802)
@@ -181,7 +181,7 @@ def main() -> int:
     ap.add_argument("--skip-triton", action="store_true")
     ap.add_argument("--out", help="also write the markdown table to this file")
     args = ap.parse_args()
-    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     work = tempfile.mkdtemp(prefix="pyinst_bench_")
     resdir = os.path.join(work, "results")
     os.makedirs(resdir)
@@ -210,10 +210,10 @@ def main() -> int:
                     server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    lines = [f"Run: {started}, {platform.node()}, {os.cpu_count()} cores (shared with other jobs), "
-             f"loop={args.loop}; perf_analyzer over HTTP, {' '.join(PA_FLAGS)}.", "",
-             "| server | model | instances | mode | taskset | concurrency | infer/s | p50 ms | "
-             "server CPU µs/request |",
+    lines = [(f"Run: {started}, {platform.node()}, {os.cpu_count()} cores (shared with other jobs), "
+             f"loop={args.loop}; perf_analyzer over HTTP, {' '.join(PA_FLAGS)}."), "",
+             ("| server | model | instances | mode | taskset | concurrency | infer/s | p50 ms | "
+             "server CPU µs/request |"),
              "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
         name = r["model"]

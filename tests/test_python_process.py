@@ -8,8 +8,6 @@ import os
 import queue
 import re
 import textwrap
-import threading
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -304,7 +302,7 @@ def test_bls_from_a_stub_fails_clearly(server):
 
 def test_statistics_are_counted_by_the_server(server):
     client = httpclient.InferenceServerClient(server.url)
-    values, inputs = _types_inputs(httpclient)
+    _values, inputs = _types_inputs(httpclient)
     before = client.get_inference_statistics("proc_types")["model_stats"][0]["inference_count"]
     for _ in range(3):
         client.infer("proc_types", inputs)

@@ -33,10 +33,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from host.backend import Instance, InstanceSpec
 from host.backends.python import settings
+from host.backends.python.backend import _on_host
 from host.backends.python.channel import Channel, ChannelClosed
 from host.backends.python.shm_arena import Arena
 from host.errors import Code, HostError, InternalError, UnavailableError, error_for
@@ -54,7 +56,7 @@ _POLL_S = 0.1  # how often the reader looks for cancelled requests and blocks to
 class _Pending:
     """One request in the child: its host request and its input blocks."""
 
-    __slots__ = ("request", "blocks", "cancel_sent")
+    __slots__ = ("blocks", "cancel_sent", "request")
 
     def __init__(self, request: HostRequest, blocks: list[int]) -> None:
         self.request = request
@@ -65,7 +67,7 @@ class _Pending:
 class _Batch:
     """An execute waiting for the child's "done"."""
 
-    __slots__ = ("event", "responses", "failed")
+    __slots__ = ("event", "failed", "responses")
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -357,10 +359,7 @@ class ProcessInstance(Instance):
             blocks = []
             inputs = []
             for name, t in r.inputs.items():
-                data = t.data
-                if hasattr(data, "__cuda_array_interface__"):
-                    data = data.get()  # CUDA shared memory: python models get CPU tensors
-                ref, offset = arena.write(t.datatype, data)
+                ref, offset = arena.write(t.datatype, _on_host(t.data))
                 if offset is not None:
                     blocks.append(offset)
                 inputs.append((name, ref))
@@ -390,12 +389,13 @@ class ProcessInstance(Instance):
         batch.event.wait()
         if batch.failed or batch.responses is None:
             return None  # the requests were answered (failed) already
-        responses = []
         with child.lock:
-            done = [child.pending.pop(k, None) for k, _ in entries]
-        for (key, entry), p, w in zip(entries, done, batch.responses):
+            for key, _ in entries:
+                child.pending.pop(key, None)
+        responses = []
+        for (_, entry), wire_response in zip(entries, batch.responses):
             child._free_inputs(entry)
-            responses.append(child.response(w, entry.request))
+            responses.append(child.response(wire_response, entry.request))
         return responses
 
     def _unhealthy(self, requests: Sequence[HostRequest]) -> list[HostResponse]:

@@ -83,6 +83,9 @@ def check(settings: dict[str, str]) -> None:
         elif key not in _GENERAL:
             log.warning("python backend: unknown --backend-config setting '%s' ignored", key)
             continue
-        if key not in _GENERAL:
+        if key == "shm-default-byte-size":
+            log.info("python backend: --backend-config %s=%s sizes the shared-memory arenas of "
+                     "process-mode instances; no effect on models in thread mode", key, value)
+        elif key not in _GENERAL:
             log.info("python backend: --backend-config %s=%s accepted; it has no effect here "
                      "(models run in the server process, without stub processes)", key, value)

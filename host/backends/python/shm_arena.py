@@ -24,7 +24,8 @@ import os
 import secrets
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
