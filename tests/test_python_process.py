@@ -330,3 +330,76 @@ def test_unload_stops_the_stub_processes(server, tmp_path):
                message=f"stub processes {pids} outlived the unload")
     client.load_model("proc_busy")
     assert client.is_model_ready("proc_busy")
+
+
+# --- choosing the mode (no server) ------------------------------------------------------------
+
+def _spec(parameters: str = ""):
+    from host.backend import ModelSpec
+    from host.config import parse_config_text
+
+    config = parse_config_text('name: "m"\nbackend: "python"\n' + parameters, "m/config.pbtxt")
+    return ModelSpec(name="m", version=1, repository=Path("/r"), path=Path("/r/m"), config=config)
+
+
+def test_thread_mode_is_the_default_and_the_parameter_wins_over_the_backend_setting():
+    from host.backends.python import settings
+
+    assert settings.execution_mode(_spec(), {}) == "thread"
+    assert settings.execution_mode(_spec(), {"execution-mode": "process"}) == "process"
+    assert settings.execution_mode(_spec(PROCESS), {}) == "process"
+    thread = 'parameters { key: "EXECUTION_MODE" value { string_value: "thread" } }'
+    assert settings.execution_mode(_spec(thread), {"execution-mode": "process"}) == "thread"
+
+
+def test_an_unknown_execution_mode_is_refused_with_its_name():
+    from host.backends.python import settings
+    from host.errors import InvalidArgumentError
+
+    bad = 'parameters { key: "EXECUTION_MODE" value { string_value: "fork" } }'
+    with pytest.raises(InvalidArgumentError, match="EXECUTION_MODE of model 'm': 'fork'"):
+        settings.execution_mode(_spec(bad), {})
+    with pytest.raises(InvalidArgumentError, match="execution-mode: 'many'"):
+        settings.check({"execution-mode": "many"})
+
+
+# --- the shared-memory arena (no server) ------------------------------------------------------
+
+def test_arena_views_without_copy_gives_blocks_back_and_falls_back_inline_when_full():
+    import gc
+
+    from host.backends.python.shm_arena import Arena
+
+    arena = Arena.create(1024, "test")
+    try:
+        reader = Arena.attach(arena.name, arena.size)  # the other process's mapping
+        arena.unlink()
+        assert not Path("/dev/shm", arena.name).exists()
+        ref, offset = arena.write("FP32", np.arange(64, dtype=np.float32))
+        assert ref[2][0] == "a" and arena.in_use() == 256
+        released = []
+        view = reader.view(ref, released.append)[3:]
+        np.testing.assert_array_equal(view, np.arange(3, 64, dtype=np.float32))
+        arena.mm[offset + 12:offset + 16] = np.float32(7).tobytes()  # the writer's memory, seen live
+        assert view[0] == 7
+        del view
+        gc.collect()
+        assert released == [offset]
+        arena.free(offset)
+        assert arena.in_use() == 0
+        strings = np.array([b"a", b"", "\u00e9".encode()], dtype=object)
+        ref, offset = arena.write("BYTES", strings)
+        np.testing.assert_array_equal(reader.view(ref, released.append), strings)
+        assert released[-1] == offset  # BYTES are copied out: the block is free at once
+        arena.free(offset)
+        big, offset = arena.write("INT64", np.arange(200, dtype=np.int64))  # 1600 B > 1024 B
+        assert offset is None and big[2][0] == "i"
+        np.testing.assert_array_equal(reader.view(big), np.arange(200))
+        a, b, c = (arena.alloc(300) for _ in range(3))
+        assert None not in (a, b, c) and arena.alloc(300) is None
+        arena.free(a)
+        arena.free(c)
+        arena.free(b)  # merges with both neighbours: the whole arena is one block again
+        assert arena.alloc(1024) == 0
+    finally:
+        arena.unlink()
