@@ -52,6 +52,22 @@ class Channel:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))
         return pickle.loads(self._read(size))
 
+    def ready(self) -> bool:
+        """Whether a whole message is waiting (never blocks)."""
+        try:
+            head = self.sock.recv(_HEADER.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            if len(head) < _HEADER.size:
+                if not head:
+                    raise ChannelClosed("end of stream")
+                return False
+            (size,) = _HEADER.unpack(head)
+            whole = _HEADER.size + size
+            return len(self.sock.recv(whole, socket.MSG_PEEK | socket.MSG_DONTWAIT)) == whole
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
+
     def _read(self, n: int) -> bytes:
         buf = bytearray(n)
         view = memoryview(buf)

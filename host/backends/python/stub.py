@@ -11,19 +11,23 @@ requests arrive and responses leave differs:
 - a request's responses are sent as they come (decoupled models stream), the responses returned by
   a non-decoupled execute travel with the "done" message of the batch.
 
-The stub exits when the control socket closes (the host died or dropped it), after "fini", or
-when the model calls sys.exit / os._exit: the host notices the closed socket either way.
+The main thread reads the control socket while it waits for work and runs each execute itself,
+so a request costs no thread hand-off here. The stub exits when the control socket closes (the
+host died or dropped it), when its parent process changes (the server died during a long execute),
+after "fini", or when the model calls sys.exit / os._exit: the host notices the closed socket
+either way.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
+import collections
 import signal
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from host.backend import InstanceSpec, ModelSpec
@@ -47,6 +51,26 @@ async def _refuse_bls_async(*args: Any, **kwargs: Any) -> Any:
     raise pb_utils.TritonModelException(BLS_REFUSED)
 
 
+class _StubRequest(InferenceRequest):
+    """A request in the stub: asking whether it is cancelled reads what the host sent meanwhile."""
+
+    key = 0
+    drain: Any = None
+
+    def is_cancelled(self) -> bool:
+        if not self.cancelled and self.drain is not None:
+            self.drain()
+        return self.cancelled
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A watchdog: the stub ends when the server process is gone, even inside a long execute
+    (when nobody reads the socket). Re-parenting is the sign: no signal, no race with threads."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
 class Stub:
     def __init__(self, channel: Channel, init: dict[str, Any]) -> None:
         from host.backends.python.backend import PythonInstance, PythonModel
@@ -63,40 +87,58 @@ class Stub:
         self.instance = PythonInstance(self.model, InstanceSpec(**init["instance"]))
         self.live: dict[int, InferenceRequest] = {}  # request key -> request, until its final
         self.live_lock = threading.Lock()
-        self.work: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.read_lock = threading.Lock()
+        self.backlog: collections.deque[tuple[Any, ...]] = collections.deque()
 
-    # --- receiving (a thread of its own, so frees and cancels arrive during an execute) ---
+    # --- receiving ---
+    # The main thread reads the socket while it waits for work (no thread hand-off per request).
+    # While it executes, whoever asks whether a request is cancelled or sends a response drains
+    # what has arrived meanwhile (`_drain`): cancels, and output blocks the host gave back.
 
-    def read_loop(self) -> None:
+    def _handle(self, msg: tuple[Any, ...]) -> bool:
+        """Apply a free or cancel message; False for work (exec, fini) left to the main loop."""
+        kind = msg[0]
+        if kind == "free":
+            for offset in msg[1]:
+                self.out_arena.free(offset)
+        elif kind == "cancel":
+            with self.live_lock:
+                for key in msg[1]:
+                    request = self.live.get(key)
+                    if request is not None:
+                        request.cancel()
+        else:
+            return False
+        return True
+
+    def _next_work(self) -> tuple[Any, ...]:
+        while True:
+            if self.backlog:
+                return self.backlog.popleft()
+            with self.read_lock:
+                msg = self.channel.recv()  # the host gone: ChannelClosed ends the process
+                if not self._handle(msg):
+                    return msg
+
+    def _drain(self) -> None:
+        if not self.read_lock.acquire(blocking=False):
+            return  # the main thread is reading: it applies what comes
         try:
-            while True:
+            while self.channel.ready():
                 msg = self.channel.recv()
-                kind = msg[0]
-                if kind == "free":
-                    for offset in msg[1]:
-                        self.out_arena.free(offset)
-                elif kind == "cancel":
-                    with self.live_lock:
-                        for key in msg[1]:
-                            request = self.live.get(key)
-                            if request is not None:
-                                request.cancel()
-                else:
-                    self.work.put(msg)
+                if not self._handle(msg):
+                    self.backlog.append(msg)
         except ChannelClosed:
-            pass
-        except BaseException:
-            log.exception("stub control channel failed")
-        # The host is gone or dropped us: nothing left to answer to.
-        os._exit(0)
+            os._exit(0)
+        finally:
+            self.read_lock.release()
 
     # --- executing (main thread) ---
 
     def serve(self) -> None:
-        threading.Thread(target=self.read_loop, daemon=True, name="stub-reader").start()
         while True:
-            msg = self.work.get()
-            if msg is None or msg[0] == "fini":
+            msg = self._next_work()
+            if msg[0] == "fini":
                 self.instance.finalize()
                 self.channel.send(("fini_done",))
                 return
@@ -110,7 +152,7 @@ class Stub:
                 encoded = [self._encode(r) for r in result]
                 with self.live_lock:
                     for r in requests:
-                        self.live.pop(r._stub_key, None)  # type: ignore[attr-defined]
+                        self.live.pop(r.key, None)
             self.channel.send(("done", batch_id, encoded))
 
     def _request(self, w: dict[str, Any]) -> InferenceRequest:
@@ -118,16 +160,18 @@ class Stub:
         inputs = {name: Tensor(name=name, datatype=ref[0], shape=list(ref[1]),
                                data=self.in_arena.view(ref))
                   for name, ref in w["inputs"]}
-        request = InferenceRequest(
+        request = _StubRequest(
             model_name=self.model.spec.name, model_version=self.model.spec.version, id=w["id"],
             inputs=inputs, outputs=[RequestedOutput(n) for n in w["outputs"]],
             parameters=w["parameters"], sequence_id=w["sequence_id"],
             sequence_start=w["sequence_start"], sequence_end=w["sequence_end"],
             timeout_us=w["timeout_us"], cancelled=w["cancelled"])
-        request._stub_key = key  # type: ignore[attr-defined]
-        channel, encode, live, lock = self.channel, self._encode, self.live, self.live_lock
+        request.key, request.drain = key, self._drain
+        channel, encode, live, lock, drain = (self.channel, self._encode, self.live,
+                                              self.live_lock, self._drain)
 
         def callback(response: InferenceResponse | None, final: bool) -> None:
+            drain()  # take back output blocks before writing more
             if final:
                 with lock:
                     live.pop(key, None)
@@ -154,6 +198,8 @@ def main(argv: list[str]) -> None:
     # requests, then finalizes this stub through the control channel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True,
+                     name="stub-watchdog").start()
     channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
         _, init = channel.recv()
