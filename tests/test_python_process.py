@@ -175,7 +175,28 @@ input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
 ''' + PROCESS
 
+# Polls is_cancelled() inside a long synchronous execute, and records what it saw.
+CANCEL_MODEL = '''
+import pathlib, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.record = pathlib.Path(args["model_repository"]) / "record.txt"
+
+    def execute(self, requests):
+        self.record.write_text("started")
+        deadline = time.monotonic() + 20
+        while not requests[0].is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.record.write_text("cancelled" if requests[0].is_cancelled() else "finished")
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("Y", np.array([1], dtype=np.int32))]) for _ in requests]
+'''
+
 MODELS = {
+    "proc_cancel": (BLS_CONFIG, CANCEL_MODEL),
     "proc_types": (TYPES_CONFIG, TYPES_MODEL),
     "proc_decoupled": (DECOUPLED_CONFIG, DECOUPLED_MODEL),
     "proc_busy": (BUSY_CONFIG, BUSY_MODEL),
@@ -298,6 +319,17 @@ def test_bls_from_a_stub_fails_clearly(server):
     with pytest.raises(InferenceServerException) as info:
         client.infer("proc_bls", [x])
     assert "BLS is not available to a python model that runs in its own process" in info.value.message()
+
+
+def test_cancellation_reaches_a_model_inside_its_execute(server):
+    record = Path(server.model_repository) / "proc_cancel" / "record.txt"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer("proc_cancel", [x], client_timeout=1.0)
+    wait_until(lambda: record.exists() and record.read_text() == "cancelled", timeout=20,
+               message="the model in its stub process did not see the cancellation")
 
 
 def test_statistics_are_counted_by_the_server(server):

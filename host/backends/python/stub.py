@@ -20,9 +20,9 @@ either way.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
-import collections
 import signal
 import socket
 import sys
@@ -145,7 +145,7 @@ class Stub:
             _, batch_id, wire_requests, frees = msg
             for offset in frees:
                 self.out_arena.free(offset)
-            requests = [self._request(w) for w in wire_requests]
+            requests = [self._request(w) for w in wire_requests]  # _StubRequest each
             result = self.instance.execute(requests)  # SystemExit ends the process: intended
             encoded = None
             if result is not None:
@@ -155,7 +155,7 @@ class Stub:
                         self.live.pop(r.key, None)
             self.channel.send(("done", batch_id, encoded))
 
-    def _request(self, w: dict[str, Any]) -> InferenceRequest:
+    def _request(self, w: dict[str, Any]) -> _StubRequest:
         key = w["key"]
         inputs = {name: Tensor(name=name, datatype=ref[0], shape=list(ref[1]),
                                data=self.in_arena.view(ref))
