@@ -147,6 +147,11 @@ class TritonPythonModel:
                 os._exit(3)
             if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 2:
                 raise SystemExit(4)
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 3:
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "X must not be 3", pb_utils.TritonError.INVALID_ARG))]
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 4:
+                raise ValueError("four is right out")
         return [pb_utils.InferenceResponse(
             [pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))]) for _ in requests]
 '''
@@ -310,6 +315,42 @@ def test_a_crashing_stub_fails_its_request_and_is_restarted(server, how):
     after = int(_crash_infer(client, 0).as_numpy("PID")[0])
     assert after != before and _alive(after)
     assert client.is_model_ready("proc_crash")
+
+
+def test_model_errors_keep_their_code_and_triton_text(server):
+    client = httpclient.InferenceServerClient(server.url)
+    pid = int(_crash_infer(client, 0).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException) as info:
+        _crash_infer(client, 3)
+    assert info.value.status() == "400" and info.value.message() == "X must not be 3"
+    with pytest.raises(InferenceServerException) as info:
+        _crash_infer(client, 4)
+    assert re.fullmatch(r"Failed to process the request\(s\) for model 'proc_crash_0\w*', "
+                        r"message: ValueError: four is right out", info.value.message())
+    assert int(_crash_infer(client, 0).as_numpy("PID")[0]) == pid  # errors are not crashes
+
+
+def test_backend_setting_puts_every_python_model_in_process_mode(tmp_path):
+    (tmp_path / "plain" / "1").mkdir(parents=True)
+    (tmp_path / "plain" / "config.pbtxt").write_text(
+        'name: "plain"\nbackend: "python"\n' + textwrap.dedent(CRASH_CONFIG).replace(PROCESS, ""))
+    (tmp_path / "plain" / "1" / "model.py").write_text(textwrap.dedent(CRASH_MODEL))
+    with serve(tmp_path, "--backend-config=python,execution-mode=process") as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        x = httpclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([0], dtype=np.int32))
+        pid = int(client.infer("plain", [x]).as_numpy("PID")[0])
+        workers = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and _parent(int(p.name)) == srv.pid}
+        assert pid != srv.pid and pid not in workers  # not the server, not a gunicorn worker
+        assert _parent(pid) in workers  # a child of the worker that loaded the model
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def test_bls_from_a_stub_fails_clearly(server):
