@@ -200,7 +200,26 @@ class TritonPythonModel:
             [pb_utils.Tensor("Y", np.array([1], dtype=np.int32))]) for _ in requests]
 '''
 
+BATCHED_CONFIG = '''
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+''' + PROCESS
+
+# OUTPUT0 = 2 * INPUT0, for every request of the batch.
+BATCHED_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)])
+            for r in requests]
+'''
+
 MODELS = {
+    "proc_batched": (BATCHED_CONFIG, BATCHED_MODEL),
     "proc_cancel": (BLS_CONFIG, CANCEL_MODEL),
     "proc_types": (TYPES_CONFIG, TYPES_MODEL),
     "proc_decoupled": (DECOUPLED_CONFIG, DECOUPLED_MODEL),
@@ -218,7 +237,7 @@ def server(tmp_path_factory):
         (repo / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(config))
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
-    args = ["--model-control-mode", "explicit"]
+    args = ["--model-control-mode", "explicit", "--allow-client-shm=true"]
     for name in MODELS:
         args += ["--load-model", name]
     with serve(repo, *args) as srv:
@@ -371,6 +390,37 @@ def test_cancellation_reaches_a_model_inside_its_execute(server):
         client.infer("proc_cancel", [x], client_timeout=1.0)
     wait_until(lambda: record.exists() and record.read_text() == "cancelled", timeout=20,
                message="the model in its stub process did not see the cancellation")
+
+
+def test_batched_requests_and_shared_memory_tensors(server):
+    import tritonclient.utils.shared_memory as shm
+
+    client = httpclient.InferenceServerClient(server.url, concurrency=8)
+    arrays = [np.arange(4, dtype=np.float32).reshape(1, 4) + i for i in range(8)]
+    pending = []
+    for a in arrays:
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(a)
+        pending.append(client.async_infer("proc_batched", [x]))
+    for a, p in zip(arrays, pending):
+        np.testing.assert_array_equal(p.get_result(timeout=60).as_numpy("OUTPUT0"), a * 2)
+    # Inputs from, and outputs into, a registered system shared-memory region.
+    handle = shm.create_shared_memory_region("proc_region", "/proc_region_test", 64)
+    try:
+        shm.set_shared_memory_region(handle, [arrays[3]])
+        client.register_system_shared_memory("proc_region", "/proc_region_test", 64)
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_shared_memory("proc_region", 16)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        out.set_shared_memory("proc_region", 16, offset=32)
+        client.infer("proc_batched", [x], outputs=[out])
+        got = shm.get_contents_as_numpy(handle, np.float32, [1, 4], offset=32)
+        np.testing.assert_array_equal(got, arrays[3] * 2)
+    finally:
+        client.unregister_system_shared_memory("proc_region")
+        shm.destroy_shared_memory_region(handle)
+    stats = client.get_inference_statistics("proc_batched")["model_stats"][0]
+    assert int(stats["inference_count"]) == 9
 
 
 def test_statistics_are_counted_by_the_server(server):
