@@ -218,7 +218,26 @@ class TritonPythonModel:
             for r in requests]
 '''
 
+# Crashes on X == 1; its initialize fails while a file named "broken" is next to its config.
+FLAKY_MODEL = '''
+import os, pathlib
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if (pathlib.Path(args["model_repository"]) / "broken").exists():
+            raise RuntimeError("the model is broken")
+
+    def execute(self, requests):
+        if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] == 1:
+            os._exit(5)
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))]) for _ in requests]
+'''
+
 MODELS = {
+    "proc_flaky": (CRASH_CONFIG, FLAKY_MODEL),
     "proc_batched": (BATCHED_CONFIG, BATCHED_MODEL),
     "proc_cancel": (BLS_CONFIG, CANCEL_MODEL),
     "proc_types": (TYPES_CONFIG, TYPES_MODEL),
@@ -334,6 +353,28 @@ def test_a_crashing_stub_fails_its_request_and_is_restarted(server, how):
     after = int(_crash_infer(client, 0).as_numpy("PID")[0])
     assert after != before and _alive(after)
     assert client.is_model_ready("proc_crash")
+
+
+def test_a_stub_that_cannot_restart_fails_requests_clearly_until_it_can(server):
+    client = httpclient.InferenceServerClient(server.url)
+    broken = Path(server.model_repository) / "proc_flaky" / "broken"
+
+    def infer(value):
+        x = httpclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([value], dtype=np.int32))
+        return client.infer("proc_flaky", [x])
+
+    broken.touch()
+    try:
+        with pytest.raises(InferenceServerException, match="is not healthy"):
+            infer(1)
+        with pytest.raises(InferenceServerException) as info:
+            infer(0)
+        assert re.search(r"Stub process 'proc_flaky_0\w*' failed to restart: RuntimeError: the "
+                         r"model is broken", info.value.message()), info.value.message()
+    finally:
+        broken.unlink()
+    assert int(infer(0).as_numpy("PID")[0]) > 0
 
 
 def test_model_errors_keep_their_code_and_triton_text(server):
