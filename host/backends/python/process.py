@@ -67,9 +67,10 @@ class _Pending:
 class _Batch:
     """An execute waiting for the child's "done"."""
 
-    __slots__ = ("event", "failed", "responses")
+    __slots__ = ("event", "failed", "keys", "responses")
 
-    def __init__(self) -> None:
+    def __init__(self, keys: list[int]) -> None:
+        self.keys = keys  # its requests' keys
         self.event = threading.Event()
         self.responses: list[Any] | None = None
         self.failed = False
@@ -150,6 +151,10 @@ class _Child:
             _, batch_id, responses = msg
             with self.lock:
                 batch = self.batches.pop(batch_id, None)
+                if batch is not None and responses is not None:
+                    # Answered by this message: a death of the child from now on is not theirs.
+                    for key in batch.keys:
+                        self.pending.pop(key, None)
             if batch is not None:
                 batch.responses = responses
                 batch.event.set()
@@ -371,7 +376,7 @@ class ProcessInstance(Instance):
                 "parameters": r.parameters, "sequence_id": r.sequence_id,
                 "sequence_start": r.sequence_start, "sequence_end": r.sequence_end,
                 "timeout_us": r.timeout_us, "cancelled": r.cancelled})
-        batch = _Batch()
+        batch = _Batch([key for key, _ in entries])
         batch_id = next(key_of)
         with child.lock:
             dead = child.dead
@@ -389,9 +394,6 @@ class ProcessInstance(Instance):
         batch.event.wait()
         if batch.failed or batch.responses is None:
             return None  # the requests were answered (failed) already
-        with child.lock:
-            for key, _ in entries:
-                child.pending.pop(key, None)
         responses = []
         for (_, entry), wire_response in zip(entries, batch.responses):
             child._free_inputs(entry)
