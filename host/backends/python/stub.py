@@ -216,7 +216,7 @@ def main(argv: list[str]) -> None:
     except HostError as exc:
         channel.send(("init_error", exc.code.name, exc.message))
         os._exit(1)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - SystemExit in initialize too: the host must hear why
         channel.send(("init_error", "INTERNAL", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
     channel.send(("ready", os.getpid()))
