@@ -169,6 +169,8 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 1:
+                pb_utils.is_model_ready("proc_types")
             pb_utils.InferenceRequest(model_name="proc_types", requested_output_names=["PID"],
                                       inputs=[]).exec()
         return None
@@ -256,7 +258,15 @@ def server(tmp_path_factory):
         (repo / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(config))
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
-    args = ["--model-control-mode", "explicit", "--allow-client-shm=true"]
+    # The example model with implicit state (a running sum kept by the host), in process mode.
+    example = Path(__file__).resolve().parent.parent / "model_repository" / "sequence_implicit_state"
+    (repo / "proc_state" / "1").mkdir(parents=True)
+    (repo / "proc_state" / "1" / "model.py").write_text((example / "1" / "model.py").read_text())
+    (repo / "proc_state" / "config.pbtxt").write_text(
+        (example / "config.pbtxt").read_text().replace('"sequence_implicit_state"', '"proc_state"')
+        + PROCESS)
+    args = ["--model-control-mode", "explicit", "--allow-client-shm=true", "--load-model",
+            "proc_state"]
     for name in MODELS:
         args += ["--load-model", name]
     with serve(repo, *args) as srv:
@@ -417,9 +427,27 @@ def test_bls_from_a_stub_fails_clearly(server):
     client = httpclient.InferenceServerClient(server.url)
     x = httpclient.InferInput("X", [1], "INT32")
     x.set_data_from_numpy(np.array([1], dtype=np.int32))
-    with pytest.raises(InferenceServerException) as info:
-        client.infer("proc_bls", [x])
-    assert "BLS is not available to a python model that runs in its own process" in info.value.message()
+    for value in (0, 1):  # 0: InferenceRequest.exec, 1: is_model_ready
+        x.set_data_from_numpy(np.array([value], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("proc_bls", [x])
+        assert "BLS is not available to a python model that runs in its own process" in \
+            info.value.message()
+
+
+def test_implicit_state_of_a_sequence_crosses_the_stub(server):
+    client = httpclient.InferenceServerClient(server.url)
+
+    def send(value, sid, **flags):
+        x = httpclient.InferInput("INPUT", [1], "INT32")
+        x.set_data_from_numpy(np.array([value], dtype=np.int32))
+        r = client.infer("proc_state", [x], sequence_id=sid, **flags)
+        assert [o["name"] for o in r.get_response()["outputs"]] == ["OUTPUT"]
+        return int(r.as_numpy("OUTPUT")[0])
+
+    assert [send(5, 51, sequence_start=True), send(6, 51), send(7, 51)] == [5, 11, 18]
+    assert send(1, 52, sequence_start=True) == 1
+    assert send(3, 51, sequence_end=True) == 21
 
 
 def test_cancellation_reaches_a_model_inside_its_execute(server):

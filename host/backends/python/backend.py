@@ -31,8 +31,10 @@ Process mode (`EXECUTION_MODE` "process", docs/process_model.md): each instance 
 code in a stub process of its own (`host.backends.python.process`), so CPU-bound models scale with
 their instance count.
 
-Not supported (yet): BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...) raises
-TritonModelException; request rescheduling; the optional `is_ready()`; GPU-resident tensors
+BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls` (in
+thread mode; a model in process mode gets a clear error).
+
+Not supported (yet): request rescheduling; the optional `is_ready()`; GPU-resident tensors
 (tensors live in CPU memory); custom metrics are not exported.
 """
 
@@ -53,7 +55,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from host import datatypes
+from host import bls, datatypes
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
 from host.backends.python import pb_utils, settings
 from host.config import config_from_json, config_to_json
@@ -313,6 +315,7 @@ class PythonInstance(Instance):
         self.module: types.ModuleType | None = None
         self.user: Any = None
         self.ctx = pb_utils._ModelContext(model.spec.name, str(model.path.parent))
+        self.ctx.instance_name = spec.name  # named in Triton's model-control error texts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
 
@@ -336,6 +339,7 @@ class PythonInstance(Instance):
                         "model_version": str(mspec.version),
                         "model_name": mspec.name,
                     })
+            self.ctx.serving = True  # BLS calls are allowed from now until finalize
         except HostError:
             forget_module(self.module)
             raise
@@ -346,6 +350,7 @@ class PythonInstance(Instance):
             raise InternalError(_exception_text(exc)) from exc
 
     def finalize(self) -> None:
+        self.ctx.serving = False
         try:
             fin = getattr(self.user, "finalize", None)
             if fin is not None:
@@ -442,9 +447,11 @@ class PythonInstance(Instance):
 
     def _run_coroutine(self, coro: Any) -> Any:
         ctx = self.ctx
+        held = bls.HELD.get()  # this execute's instance: BLS calls the coroutine makes hold it
 
         async def run() -> Any:
             pb_utils._ACTIVE.set(ctx)
+            bls.HELD.set(held)
             return await coro
 
         return asyncio.run_coroutine_threadsafe(run(), self._ensure_loop()).result()
@@ -520,9 +527,11 @@ class PythonInstance(Instance):
                 pass
         requested = set(request.requested_output_names)
         expected = self.model.output_datatypes
+        # Implicit state: an output named after a state is kept for the sequence batcher.
+        states = request.sequence_states.by_output if request.sequence_states is not None else ()
         for tensor in response.output_tensors():
             name = tensor.name()
-            if requested and name not in requested:
+            if requested and name not in requested and name not in states:
                 continue
             datatype = tensor._datatype
             want = expected.get(name)

@@ -375,7 +375,9 @@ class ProcessInstance(Instance):
                 "outputs": r.requested_output_names or requested_default,
                 "parameters": r.parameters, "sequence_id": r.sequence_id,
                 "sequence_start": r.sequence_start, "sequence_end": r.sequence_end,
-                "timeout_us": r.timeout_us, "cancelled": r.cancelled})
+                "timeout_us": r.timeout_us, "cancelled": r.cancelled,
+                # Implicit state: outputs named after a state go back to the sequence batcher.
+                "states": list(r.sequence_states.by_output) if r.sequence_states is not None else []})
         batch = _Batch([key for key, _ in entries])
         batch_id = next(key_of)
         with child.lock:

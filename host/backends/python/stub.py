@@ -34,7 +34,8 @@ from host.backend import InstanceSpec, ModelSpec
 from host.backends.python import pb_utils
 from host.backends.python.channel import Channel, ChannelClosed
 from host.backends.python.shm_arena import Arena
-from host.errors import HostError
+from host import bls as host_bls
+from host.errors import HostError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 log = logging.getLogger("host.backends.python.stub")
@@ -47,8 +48,20 @@ def _refuse_bls(*args: Any, **kwargs: Any) -> Any:
     raise pb_utils.TritonModelException(BLS_REFUSED)
 
 
+def _no_server() -> Any:
+    raise UnavailableError(BLS_REFUSED)
+
+
 async def _refuse_bls_async(*args: Any, **kwargs: Any) -> Any:
     raise pb_utils.TritonModelException(BLS_REFUSED)
+
+
+class _StateOutputs:
+    """What the python backend needs of a sequence's implicit state here: the output names that
+    carry the state's next value (the host's sequence batcher takes them from the response)."""
+
+    def __init__(self, by_output: frozenset[str]) -> None:
+        self.by_output = by_output
 
 
 class _StubRequest(InferenceRequest):
@@ -167,6 +180,8 @@ class Stub:
             sequence_start=w["sequence_start"], sequence_end=w["sequence_end"],
             timeout_us=w["timeout_us"], cancelled=w["cancelled"])
         request.key, request.drain = key, self._drain
+        if w["states"]:  # the state outputs the model produces: kept, not pruned (host.sequence)
+            request.sequence_states = _StateOutputs(frozenset(w["states"]))
         channel, encode, live, lock, drain = (self.channel, self._encode, self.live,
                                               self.live_lock, self._drain)
 
@@ -208,6 +223,8 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=init.get("log_level", logging.INFO), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [stub {init['instance']['name']} "
                                "pid %(process)d] %(name)s: %(message)s")
+    # No server in this process: BLS and model control from the model are refused clearly.
+    host_bls.server = _no_server
     pb_utils.InferenceRequest.exec = _refuse_bls  # type: ignore[method-assign]
     pb_utils.InferenceRequest.async_exec = _refuse_bls_async  # type: ignore[method-assign]
     try:
