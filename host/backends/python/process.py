@@ -301,7 +301,6 @@ class ProcessInstance(Instance):
             if self._finalized:
                 raise UnavailableError(f"model instance '{self.name}' is unloading")
             if child is not None:
-                child.reader.join(timeout=5)
                 self._close_child(child)
             self.child = None
             try:
@@ -327,16 +326,19 @@ class ProcessInstance(Instance):
                 log.error("Stub process '%s' did not finalize within %.0f s: killed",
                           self.name, FINALIZE_TIMEOUT_S)
         self._close_child(child)
-        child.reader.join(timeout=5)
 
     @staticmethod
     def _close_child(child: _Child) -> None:
-        child.channel.close()
+        """Wait for (or kill) the process; its socket's end then ends the reader thread, and
+        only then is the socket closed (never under the reader's feet)."""
         try:
             child.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             child.proc.kill()
             child.proc.wait()
+        if child.reader.is_alive() and child.reader is not threading.current_thread():
+            child.reader.join(timeout=5)
+        child.channel.close()
         child.in_arena.close()
         child.out_arena.close()
 
