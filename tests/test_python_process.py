@@ -500,6 +500,13 @@ def test_statistics_are_counted_by_the_server(server):
         client.infer("proc_types", inputs)
     after = client.get_inference_statistics("proc_types")["model_stats"][0]["inference_count"]
     assert int(after) - int(before) == 3
+    # The server's /metrics count them too (the stub process exports nothing of its own).
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("nv_inference_count{") and 'model="proc_types"' in ln)
+    assert float(line.rsplit(" ", 1)[1]) == float(after)
 
 
 def _alive(pid: int) -> bool:
