@@ -16,7 +16,7 @@ Messages, host -> child:
 child -> host:
 - ("ready", pid) / ("init_error", code, message)
 - ("resp", request_key, response, final)   one response sent through a request's sender
-- ("done", batch_id, [response] | None, [consumed input keys])  execute returned
+- ("done", batch_id, [response] | None)  execute returned (its responses, unless sent already)
 - ("fini_done",)
 """
 
