@@ -104,6 +104,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.model_dir = args["model_repository"]
+
+    def finalize(self):
+        open(os.path.join(self.model_dir, f"finalized.{os.getpid()}"), "w").close()
+
     def execute(self, requests):
         out = []
         for request in requests:
@@ -527,6 +533,8 @@ def test_unload_stops_the_stub_processes(server, tmp_path):
     client.unload_model("proc_busy")
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=30,
                message=f"stub processes {pids} outlived the unload")
+    model_dir = Path(server.model_repository) / "proc_busy"
+    assert all((model_dir / f"finalized.{p}").exists() for p in pids)  # finalize ran in each
     client.load_model("proc_busy")
     assert client.is_model_ready("proc_busy")
 
@@ -563,6 +571,27 @@ def test_an_unknown_execution_mode_is_refused_with_its_name():
 
 
 # --- the shared-memory arena (no server) ------------------------------------------------------
+
+@pytest.mark.parametrize("datatype", ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
+                                      "UINT32", "UINT64", "FP16", "FP32", "FP64", "BF16", "BYTES"])
+def test_every_datatype_crosses_the_arena(datatype):
+    from host import datatypes
+    from host.backends.python.shm_arena import Arena
+
+    if datatype == "BYTES":
+        value = np.array([[b"x", b""], [b"\x00\xff", "\u00e9".encode()]], dtype=object)
+    else:
+        value = np.arange(6).reshape(2, 3).astype(datatypes.to_numpy(datatype))
+    arena = Arena.create(4096, "dt")
+    try:
+        reader = Arena.attach(arena.name, arena.size)
+        ref, _ = arena.write(datatype, value)
+        got = reader.view(ref)
+        assert got.dtype == value.dtype and got.shape == value.shape
+        np.testing.assert_array_equal(got, value)
+    finally:
+        arena.unlink()
+
 
 def test_arena_views_without_copy_gives_blocks_back_and_falls_back_inline_when_full():
     import gc
