@@ -30,11 +30,11 @@ import threading
 import time
 from typing import Any
 
+from host import bls as host_bls
 from host.backend import InstanceSpec, ModelSpec
 from host.backends.python import pb_utils
 from host.backends.python.channel import Channel, ChannelClosed
 from host.backends.python.shm_arena import Arena
-from host import bls as host_bls
 from host.errors import HostError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
