@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from host import config as config_mod
-from host import repository
+from host import paths, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
@@ -220,6 +220,7 @@ class ModelManager:
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
         backend_name = config_mod.backend_for(cfg)
+        paths.check_config_files(entry.location.path, version, cfg)  # before any backend sees it
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")

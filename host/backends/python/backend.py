@@ -64,6 +64,7 @@ from host.errors import Code as _Code
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
 from host.inference import Tensor as HostTensor
+from host.paths import resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ _import_lock = threading.Lock()  # sys.path / sys.modules juggling is process-gl
 
 def model_file(spec: ModelSpec) -> Path:
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
-    path = spec.version_path / filename
+    path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
         raise NotFoundError(f"Python model file not found in '{path}'")
     if path.suffix != ".py":
