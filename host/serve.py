@@ -63,12 +63,17 @@ class ServerApplication(BaseApplication):
         o = self.options
         self.host = Host(o)
         self.host.start()
-        app = create_app(self.host, max_input_size=o.http_max_input_size)
+        from host import restricted, tls
+
+        app = create_app(self.host, max_input_size=o.http_max_input_size,
+                         restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
             from host.grpc.server import start_grpc_server
 
             self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
-                                          compression_level=o.grpc_compression_level)
+                                          compression_level=o.grpc_compression_level,
+                                          restrictions=restricted.grpc(o.grpc_restricted_protocol),
+                                          credentials=tls.grpc_credentials(o))
             log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         if o.allow_metrics:
             from host.metrics import start_metrics_server

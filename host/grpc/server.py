@@ -43,6 +43,7 @@ from host.errors import HostError
 from host.grpc.servicer import DEFERRED, Servicer
 from host.grpc.status import status_code
 from host.proto import grpc_service_pb2 as pb
+from host.restricted import Restrictions
 
 log = logging.getLogger("host.grpc")
 
@@ -365,14 +366,19 @@ class _Pollers:
 class GrpcServer:
     """A started gRPC server; `.port` is the port it listens on (useful when 0 was asked)."""
 
-    def __init__(self, servicer: Servicer, target: str, options: tuple, max_threads: int) -> None:
+    def __init__(self, servicer: Servicer, target: str, options: tuple, max_threads: int,
+                 restrictions: Restrictions | None = None, credentials: Any = None) -> None:
         self._servicer = servicer
+        self._restrictions = restrictions or None  # host.restricted: None when nothing is
         self._unary = _unary_table(servicer)
         self._stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(options, False)
         self._server.register_completion_queue(self._cq)
-        self.port = self._server.add_http2_port(target.encode())
+        if credentials is not None:  # grpc.ServerCredentials (host.tls): TLS, maybe mutual
+            self.port = self._server.add_http2_port(target.encode(), credentials._credentials)
+        else:
+            self.port = self._server.add_http2_port(target.encode())
         self._pollers = _Pollers(self._cq, max_threads)
         self._lock = threading.Lock()
         self._serving = False
@@ -393,6 +399,15 @@ class GrpcServer:
         if not event.success:
             return
         path = event.call_details.method
+        if self._restrictions is not None:
+            denial = self._restrictions.grpc_denial(path.rsplit(b"/", 1)[-1].decode("latin-1"),
+                                                    event.invocation_metadata)
+            if denial is not None:
+                event.call.start_server_batch(
+                    (_SendMetadata(None, _NO_FLAGS), _ReceiveClose(_NO_FLAGS),
+                     _SendStatus(None, cygrpc.StatusCode.unavailable, denial.encode(), _NO_FLAGS)),
+                    _ignore)
+                return
         entry = self._unary.get(path)
         if entry is not None:
             _UnaryCall(event.call, entry[0], entry[1])
@@ -433,7 +448,8 @@ def _bracket(address: str) -> str:
 
 def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 32,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                      compression_level: str = "none") -> GrpcServer:
+                      compression_level: str = "none", restrictions: Restrictions | None = None,
+                      credentials: Any = None) -> GrpcServer:
     """Serve `host` over gRPC on `address:port` (port 0: any free port); returns once listening.
 
     At most `max_workers` threads take calls and run them (a call runs its model on the thread
@@ -452,7 +468,8 @@ def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 
     if COMPRESSION_LEVELS[compression_level]:
         options.append(("grpc.default_compression_level", COMPRESSION_LEVELS[compression_level]))
     target = f"{_bracket(address)}:{port}"
-    server = GrpcServer(Servicer(host), target, tuple(options), max(1, max_workers))
+    server = GrpcServer(Servicer(host), target, tuple(options), max(1, max_workers),
+                        restrictions, credentials)
     if not server.port:
         server._server.destroy()
         raise OSError(f"failed to start the gRPC server: cannot bind {target} "

@@ -21,6 +21,7 @@ from host.errors import Code, HostError, InternalError, InvalidArgumentError
 from host.http import body, codec, generate
 from host.http.status import error_body, status_line
 from host.inference import InferenceRequest, InferenceResponse
+from host.restricted import Restrictions
 
 log = logging.getLogger("host.http")
 
@@ -138,12 +139,20 @@ class FastInfer:
     unsure of, goes to the falcon app (`.falcon`), which has the same responder behind that route.
     """
 
-    def __init__(self, app: falcon.App, infer: Infer) -> None:
+    def __init__(self, app: falcon.App, infer: Infer, restrictions: Restrictions | None = None) -> None:
         self.falcon = app
         self.infer = infer
+        self.restrictions = restrictions or None  # host.restricted: None when nothing is
 
     def __call__(self, env: dict[str, Any], start_response: Any) -> Any:
         path = env.get("PATH_INFO", "")
+        if self.restrictions is not None:
+            denial = self.restrictions.http_denial(path, env)
+            if denial is not None:
+                data = error_body(denial)
+                start_response("403 Forbidden", [("Content-Type", JSON),
+                                                 ("Content-Length", str(len(data)))])
+                return [data]
         if env.get("REQUEST_METHOD") == "POST" and path.startswith("/v2/models/") and path.endswith("/infer"):
             parts = path[11:-6].split("/")
             if parts[0] and (len(parts) == 1 or (len(parts) == 3 and parts[1] == "versions"
@@ -384,7 +393,8 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
 _VERSIONED = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 
 
-def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastInfer:
+def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+               restrictions: Restrictions | None = None) -> FastInfer:
     """The WSGI app serving `host` over Triton's HTTP/REST API (its falcon app is `.falcon`)."""
     app = falcon.App(media_type=JSON)
     app.req_options.auto_parse_form_urlencoded = False
@@ -420,4 +430,4 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Fast
     app.add_route("/v2/repository/index", repo, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)
-    return FastInfer(app, infer)
+    return FastInfer(app, infer, restrictions)

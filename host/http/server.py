@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -24,11 +25,15 @@ from urllib.parse import unquote_to_bytes
 
 from gunicorn_h1c import IncompleteError, ParseError, parse_to_wsgi_environ
 
+from host.ratelog import RateLimitedLog
+
 log = logging.getLogger("host.http.server")
+_quiet_log = RateLimitedLog(log)  # bad requests and failed handshakes: one line, rate-limited
 
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 MAX_HEADER_BYTES = 64 * 1024
+HANDSHAKE_SECONDS = 10.0
 _RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -227,8 +232,9 @@ class HTTPServer:
     ACCEPT_POLL_SECONDS = 0.5
 
     def __init__(self, app: WSGIApp, listeners: list[socket.socket], *, max_connections: int = 1024,
-                 keepalive_timeout: float = 120.0) -> None:
+                 keepalive_timeout: float = 120.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.app = app
+        self.ssl_context = ssl_context  # HTTPS: each connection's thread does its handshake
         self.listeners = listeners
         self.address = listeners[0].getsockname()[:2]
         self.keepalive_timeout = keepalive_timeout
@@ -327,6 +333,14 @@ class HTTPServer:
             self._connections[sock] = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.ssl_context is not None:
+                tls_sock = self._handshake(sock, client)
+                if tls_sock is None:
+                    return
+                with self._lock:
+                    self._connections.pop(sock, None)
+                    self._connections[tls_sock] = False
+                sock = tls_sock
             _set_kernel_timeouts(sock, self.keepalive_timeout)
             conn = _Connection(sock, self.address, client[:2])
             while not self._stopping.is_set():
@@ -362,6 +376,16 @@ class HTTPServer:
                 sock.close()
             finally:
                 self._slots.release()
+
+    def _handshake(self, sock: socket.socket, client: tuple) -> ssl.SSLSocket | None:
+        """The TLS handshake, bounded in time; None (connection closed) when it fails."""
+        assert self.ssl_context is not None
+        try:
+            _set_kernel_timeouts(sock, HANDSHAKE_SECONDS)
+            return self.ssl_context.wrap_socket(sock, server_side=True)
+        except (OSError, ValueError) as exc:
+            _quiet_log.warning("TLS handshake with %s failed: %s", client[0], exc)
+            return None
 
     def _handle(self, conn: _Connection, env: dict) -> bool:
         """Run one request; True when the connection stays open."""

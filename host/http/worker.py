@@ -15,6 +15,7 @@ import threading
 
 from gunicorn.workers.base import Worker
 
+from host import tls
 from host.http.server import HTTPServer
 
 HEARTBEAT_SECONDS = 1.0
@@ -23,8 +24,10 @@ HEARTBEAT_SECONDS = 1.0
 class ConnectionWorker(Worker):
     def run(self) -> None:
         listeners = [getattr(s, "sock", s) for s in self.sockets]
+        options = getattr(self.app, "options", None)  # host.serve.ServerApplication's
         server = HTTPServer(self.wsgi, listeners, max_connections=self.cfg.worker_connections,
-                            keepalive_timeout=self.cfg.keepalive)
+                            keepalive_timeout=self.cfg.keepalive,
+                            ssl_context=tls.http_context(options) if options is not None else None)
         accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
         accept.start()
         parent = self.ppid
