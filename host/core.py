@@ -290,12 +290,13 @@ class Host:
     def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:
         try:
             mv.scheduler.submit(request)
-        except BaseException as exc:
-            if not request.completed:
-                err = exc if isinstance(exc, HostError) else InternalError(str(exc))
-                request.respond(InferenceResponse(error=err), True)
+        except BaseException as exc:  # noqa: BLE001 - whatever it is, it fails this request only
             if not isinstance(exc, Exception):
-                raise
+                log.error("model '%s': %s while scheduling a request", mv.name, type(exc).__name__)
+            if not request.completed:
+                err = exc if isinstance(exc, HostError) else InternalError(
+                    f"{type(exc).__name__}: {exc}" if not isinstance(exc, Exception) else str(exc))
+                request.respond(InferenceResponse(error=err), True)
 
     # --- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

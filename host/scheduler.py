@@ -46,10 +46,10 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         r.exec_start_ns = start
         rows += r.batch_size
     called = time.perf_counter_ns()
-    failure: Exception | None = None
+    failure: BaseException | None = None
     try:
         responses = slot.instance.execute(requests)
-    except Exception as exc:  # the backend's failure becomes each request's error
+    except BaseException as exc:  # noqa: BLE001 - even SystemExit: the failure of these requests only
         responses, failure = None, exc
     infer_ns, input_ns = time.perf_counter_ns() - called, called - start
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
@@ -61,7 +61,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     handing = time.perf_counter_ns()
     if failure is not None:
         err = failure if isinstance(failure, HostError) else InternalError(
-            str(failure) or type(failure).__name__)
+            f"{type(failure).__name__}: {failure}" if not isinstance(failure, Exception)
+            else str(failure) or type(failure).__name__)
         if not isinstance(failure, HostError):
             log.error("model '%s' execute failed", model.name, exc_info=failure)
         _fail(requests, err)
@@ -135,10 +136,14 @@ class DynamicBatcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            live = [r for r in batch if not r.is_cancelled()]
-            _fail([r for r in batch if r.is_cancelled()], CancelledError("request was cancelled"))
-            if live:
-                execute_batch(self.model, slot, live)
+            try:
+                live = [r for r in batch if not r.is_cancelled()]
+                _fail([r for r in batch if r.is_cancelled()], CancelledError("request was cancelled"))
+                if live:
+                    execute_batch(self.model, slot, live)
+            except BaseException as exc:  # noqa: BLE001 - the batch fails, the batcher goes on
+                log.error("model '%s': batch failed", self.model.name, exc_info=exc)
+                _fail(batch, InternalError(f"{type(exc).__name__}: {exc}"))
 
     def _next_batch(self) -> list[InferenceRequest] | None:
         with self._cond:

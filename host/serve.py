@@ -88,6 +88,13 @@ class ServerApplication(BaseApplication):
         gc.set_threshold(20_000, 50, 50)
         return app
 
+    def front_end_failure(self) -> str | None:
+        """Why a front end of this worker stopped serving, or None; the worker's heartbeat asks
+        (host.http.worker) and leaves when there is one, so that the master starts a new one."""
+        if self.grpc is not None and self.grpc.failure:
+            return self.grpc.failure
+        return None
+
     def _worker_exit(self, server: Any, worker: Any) -> None:
         # The HTTP connections are drained by now; let gRPC calls in flight finish too.
         if self.grpc is not None:

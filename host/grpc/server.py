@@ -118,7 +118,7 @@ class _UnaryCall:
             except DecodeError:
                 raise _Status(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
             response = self.method(request, self)
-        except Exception as exc:  # noqa: BLE001 - every error is the call's status
+        except BaseException as exc:  # noqa: BLE001 - every error (sys.exit() too) is the call's status
             self.finish(exc)
             return
         if response is not DEFERRED:
@@ -131,7 +131,7 @@ class _UnaryCall:
             if isinstance(response, BaseException):
                 raise response
             data = response.SerializeToString()
-        except Exception as exc:  # noqa: BLE001 - every error is the call's status
+        except BaseException as exc:  # noqa: BLE001 - every error is the call's status
             code, details = exc.status if isinstance(exc, _Status) else _error_status(exc)
             self.call.start_server_batch(
                 (_SendMetadata(None, _NO_FLAGS), _SendStatus(None, code, details, _NO_FLAGS)), _ignore)
@@ -286,6 +286,7 @@ class _Pollers:
         self.wakeups = 0  # resting threads asked to become active
         self.busy: dict[int, float] = {}  # thread -> when it took the event it handles
         self.closed = False  # the completion queue is shut down
+        self.failure: str | None = None  # why a polling thread died (it must not; see _run)
         self.stopping = threading.Event()
         self.watchdog = threading.Thread(target=self._watch, name="grpc-watchdog", daemon=True)
 
@@ -301,6 +302,13 @@ class _Pollers:
         thread.start()
 
     def _run(self) -> None:
+        try:
+            self._poll()
+        except BaseException as exc:  # noqa: BLE001 - recorded: the worker notices and restarts
+            self.failure = f"a gRPC polling thread died: {type(exc).__name__}: {exc}"
+            log.critical(self.failure, exc_info=exc)
+
+    def _poll(self) -> None:
         cq, cond, busy = self.cq, self.cond, self.busy
         me = threading.get_ident()
         monotonic = time.monotonic
@@ -311,7 +319,7 @@ class _Pollers:
             if kind == _OPERATION_COMPLETE:
                 try:
                     event.tag(event)
-                except Exception:  # noqa: BLE001 - a bug must not stop the server
+                except BaseException:  # noqa: BLE001 - nothing a call does may stop the server
                     log.exception("error handling a gRPC event")
             elif kind == _QUEUE_SHUTDOWN:
                 with cond:
@@ -436,6 +444,11 @@ class GrpcServer:
         self._pollers.join()
         self._server.destroy()
         log.info("gRPC server stopped")
+
+    @property
+    def failure(self) -> str | None:
+        """Why the server can no longer serve (a polling thread died), or None."""
+        return self._pollers.failure
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server stopped (True) or `timeout` passed (False)."""

@@ -166,7 +166,7 @@ class FastInfer:
             status = "200 OK"
         except HostError as ex:
             status, headers, data = _error_answer(ex)
-        except Exception as ex:  # noqa: BLE001 - as falcon's catch-all handler does
+        except BaseException as ex:  # noqa: BLE001 - as falcon's catch-all handler does, SystemExit too
             log.exception("unhandled error on POST %s", env.get("PATH_INFO"))
             status, headers = "500 Internal Server Error", [("Content-Type", JSON)]
             data = error_body(f"internal error: {type(ex).__name__}: {ex}")

@@ -367,7 +367,7 @@ class HTTPServer:
                         self._connections[sock] = False
                 if not keep_alive:
                     return
-        except Exception:  # noqa: BLE001 - a connection's failure must not reach the accept loop
+        except BaseException:  # noqa: BLE001 - a connection's failure must not reach the accept loop
             log.exception("connection from %s failed", client)
         finally:
             with self._lock:

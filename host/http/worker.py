@@ -31,6 +31,7 @@ class ConnectionWorker(Worker):
         accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
         accept.start()
         parent = self.ppid
+        front_end_failure = getattr(self.app, "front_end_failure", lambda: None)
         while self.alive:
             self.notify()
             if os.getppid() != parent:
@@ -38,5 +39,12 @@ class ConnectionWorker(Worker):
                 break
             accept.join(HEARTBEAT_SECONDS)
             if not accept.is_alive():
+                self.log.critical("the HTTP accept loop ended; restarting the worker")
+                break
+            # Never half alive: a front end that died takes the worker down, and the master
+            # starts a new one (host.supervise restores its models and registrations).
+            failure = front_end_failure()
+            if failure:
+                self.log.critical("%s; restarting the worker", failure)
                 break
         server.shutdown(self.cfg.graceful_timeout)

@@ -365,11 +365,11 @@ class PythonInstance(Instance):
                     return None
                 result = self._run_coroutine(result)
             return self._collect(result, states)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - even sys.exit() fails only these requests
             self._fail_all(states, exc)
             return None
 
-    def _fail_all(self, states: list[_RequestState], exc: Exception) -> None:
+    def _fail_all(self, states: list[_RequestState], exc: BaseException) -> None:
         """The model raised: every request still waiting gets Triton's error text."""
         message = (f"Failed to process the request(s) for model '{self.name}', message: "
                    f"{_exception_text(exc)}")
