@@ -12,6 +12,7 @@ import mmap
 import os
 import re
 import stat
+import weakref
 
 import numpy as np
 
@@ -35,14 +36,29 @@ class SystemRegion:
         # One byte view of the window: tensor views are slices of it (no copies, no new mappings).
         # The mapping lives exactly as long as something refers to it: the registry until
         # unregister, and every in-flight request through its views, so there is no close().
-        self.buffer = np.frombuffer(_map_window(key, offset, byte_size), dtype=np.uint8,
-                                    count=byte_size, offset=offset)
+        mapping, self._fd = _map_window(key, offset, byte_size)
+        # The object stays open while the region lives, to check its size before each access.
+        weakref.finalize(self, os.close, self._fd)
+        self.buffer = np.frombuffer(mapping, dtype=np.uint8, count=byte_size, offset=offset)
+
+    def check_size(self) -> None:
+        """Refuse an access when the client shrank the object under the mapping (ftruncate):
+        touching a page past the object's end would kill the process with SIGBUS."""
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            size = -1
+        if size < self.offset + self.byte_size:
+            raise InvalidArgumentError(
+                f"shared memory region '{self.name}' is no longer usable: its object '{self.key}' "
+                f"shrank to {max(size, 0)} bytes after it was registered with offset {self.offset} "
+                f"and byte_size {self.byte_size}; unregister it and register it again")
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
-def _map_window(key: str, offset: int, byte_size: int) -> mmap.mmap:
+def _map_window(key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
     name = key[1:] if key.startswith("/") else key
     if not _KEY.fullmatch(key) or name in (".", ".."):
         raise _open_error(key)
@@ -62,8 +78,10 @@ def _map_window(key: str, offset: int, byte_size: int) -> mmap.mmap:
         if not stat.S_ISREG(info.st_mode) or byte_size == 0 or end > info.st_size:
             raise InvalidArgumentError(f"Invalid shared memory region: '{key}'")
         # Map from the object's start: mmap offsets must be page aligned, region offsets need not be.
-        return mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except OSError:
-        raise _open_error(key) from None
-    finally:
+        mapping = mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException as exc:
         os.close(fd)
+        if isinstance(exc, OSError):
+            raise _open_error(key) from None
+        raise
+    return mapping, fd

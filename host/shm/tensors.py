@@ -103,6 +103,8 @@ def _write(tensor: Tensor, region: Any, offset: int, size: int) -> None:
         raise InvalidArgumentError(
             f"shared memory size specified with the request for output '{tensor.name}' "
             f"({size} bytes) should be at least {need} bytes to hold the results")
+    if region.kind == "system":
+        region.check_size()  # again: the model ran meanwhile, the client may have shrunk it
     dst = region.buffer[offset:offset + need]
     if region.kind == "system":
         if on_device:
@@ -131,6 +133,8 @@ def _target(params: dict, name: str, manager: Any) -> tuple[Any, int, int]:
     size = _uint64(BYTE_SIZE, size)
     offset = _uint64(OFFSET, params.get(OFFSET, 0))
     region = manager.get(region_name)
+    if region.kind == "system":
+        region.check_size()
     # Python integers do not wrap, so offset + size cannot overflow past the region's end.
     if offset > region.byte_size:
         raise InvalidArgumentError(f"Invalid offset for shared memory region: '{region_name}'")
