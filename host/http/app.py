@@ -167,7 +167,8 @@ class FastInfer:
         except HostError as ex:
             status, headers, data = _error_answer(ex)
         except BaseException as ex:  # noqa: BLE001 - as falcon's catch-all handler does, SystemExit too
-            log.exception("unhandled error on POST %s", env.get("PATH_INFO"))
+            if not _body_failed(env):  # a broken body: the server answers and logs it, in one line
+                log.exception("unhandled error on POST %s", env.get("PATH_INFO"))
             status, headers = "500 Internal Server Error", [("Content-Type", JSON)]
             data = error_body(f"internal error: {type(ex).__name__}: {ex}")
         headers.append(("Content-Length", str(len(data))))
@@ -381,8 +382,15 @@ def _http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError
     resp.data = error_body(message)
 
 
+def _body_failed(env: dict[str, Any]) -> bool:
+    """Whether reading the request body failed (malformed chunks, a client gone mid-body): the
+    HTTP server answers for those itself and logs one rate-limited line (host.http.server)."""
+    return getattr(env.get("wsgi.input"), "failure", None) is not None
+
+
 def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict) -> None:
-    log.exception("unhandled error on %s %s", req.method, req.path)
+    if not _body_failed(req.env):
+        log.exception("unhandled error on %s %s", req.method, req.path)
     resp.status = falcon.HTTP_500
     resp.content_type = JSON
     resp.data = error_body(f"internal error: {type(ex).__name__}: {ex}")
