@@ -48,7 +48,8 @@ class Host:
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         self.manager = ModelManager(self.options.model_repositories, self.backends,
-                                    self.options.model_control_mode, self._on_model_state)
+                                    self.options.model_control_mode, self._on_model_state,
+                                    unload_wait=self.options.exit_timeout_secs)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self._ready = False
         self._stopping = threading.Event()
@@ -241,8 +242,15 @@ class Host:
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
         error: HostError | None = None
+        # Completion is a test-and-set under this lock: a scheduler failing the request and a
+        # backend thread answering it at the same moment deliver one final response, not two.
+        completing = threading.RLock()
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
+            with completing:
+                deliver(response, final)
+
+        def deliver(response: InferenceResponse | None, final: bool) -> None:
             nonlocal error
             if request.completed:
                 log.warning("model '%s' sent a response after the final one; dropped", name)

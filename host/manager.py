@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -61,8 +62,10 @@ class ModelEntry:
 
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
-                 on_state: StateListener | None = None) -> None:
+                 on_state: StateListener | None = None, unload_wait: float = 30.0) -> None:
         self.roots = [Path(r) for r in roots]
+        self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
+        self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
         self.backends = backends
         self.mode = mode
         self._on_state = on_state or (lambda *a: None)
@@ -211,9 +214,8 @@ class ModelManager:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
         entry.versions = new
-        for version, mv in old_versions.items():
-            if new.get(version) is not mv:
-                self._unload_version(mv)
+        self._wait_unloaded([self._unload_version(mv) for version, mv in old_versions.items()
+                             if new.get(version) is not mv])
         if first_error is not None:
             raise first_error
 
@@ -249,28 +251,61 @@ class ModelManager:
         return mv
 
     def unload(self, name: str) -> None:
+        """Unload every version of a model; waits at most `unload_wait` seconds for their
+        requests in flight, and never while holding the repository lock, so that a model stuck
+        in execute freezes neither the caller nor loads, unloads, the index or polling."""
         with self._lock:
-            entry = self._models.get(name)
-            if entry is None:
-                raise NotFoundError(f"failed to unload '{name}', model is not found")
-            entry.unloaded = True
-            for mv in list(entry.versions.values()):
-                self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
-            entry.versions, entry.failed = {}, {}
+            pending = self._unload_entry(name)
+        self._wait_unloaded(pending)
+
+    def _unload_entry(self, name: str) -> list[threading.Thread]:
+        entry = self._models.get(name)
+        if entry is None:
+            raise NotFoundError(f"failed to unload '{name}', model is not found")
+        entry.unloaded = True
+        # The versions stay listed (UNLOADING) until their requests finish (_finish_unload).
+        pending = [self._unload_version(mv, entry) for mv in list(entry.versions.values())]
+        entry.failed = {}
+        return pending
 
     def unload_all(self) -> None:
         with self._lock:
-            for name in list(self._models):
-                self.unload(name)
+            pending = [t for name in list(self._models) for t in self._unload_entry(name)]
+        self._wait_unloaded(pending)
 
-    def _unload_version(self, mv: ModelVersion) -> None:
+    def _unload_version(self, mv: ModelVersion, entry: ModelEntry | None = None) -> threading.Thread:
+        """Refuse the version's new requests now; a thread of its own waits for those in flight
+        and then finalizes it (returned, for callers that wait a bounded time)."""
+        finisher = self._finishers.get(mv)
+        if finisher is not None:  # already unloading: one finisher per version
+            return finisher
         self._notify(mv.name, mv.version, "UNLOADING", "")
+        mv.begin_unload()
+        finisher = self._finishers[mv] = threading.Thread(target=self._finish_unload, args=(mv, entry), daemon=True,
+                                    name=f"unload-{mv.name}-{mv.version}")
+        finisher.start()
+        return finisher
+
+    def _finish_unload(self, mv: ModelVersion, entry: ModelEntry | None) -> None:
         was_loaded = mv.scheduler is not None
         mv.unload()
+        if entry is not None:
+            with self._lock:
+                if entry.versions.get(mv.version) is mv:
+                    entry.versions = {v: m for v, m in entry.versions.items() if m is not mv}
         if was_loaded:
             self.backends.release(mv.spec.backend)
+        self._finishers.pop(mv, None)
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
         self._notify(mv.name, mv.version, UNAVAILABLE, "unloaded")
+
+    def _wait_unloaded(self, finishers: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + self.unload_wait
+        for finisher in finishers:
+            finisher.join(max(deadline - time.monotonic(), 0))
+            if finisher.is_alive():
+                log.warning("%s: requests still in flight after %.0f s; the version finishes "
+                            "unloading when they end", finisher.name, self.unload_wait)
 
     # --- poll mode -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -279,7 +314,7 @@ class ModelManager:
             locations, _ = repository.scan(self.roots)
             for name in list(self._models):
                 if name not in locations:
-                    self.unload(name)
+                    self._unload_entry(name)  # finishes in the background: never waited for here
                     del self._models[name]
             for name, loc in locations.items():
                 entry = self._models.get(name)
