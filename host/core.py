@@ -51,6 +51,7 @@ class Host:
                                     self.options.model_control_mode, self._on_model_state,
                                     unload_wait=self.options.exit_timeout_secs)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
+        self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
@@ -316,10 +317,14 @@ class Host:
         if files:
             raise UnsupportedError("loading a model with file content overrides is not supported")
         self.manager.load(name, config)
+        if self.journal is not None:  # a restarted worker loads it again (host.supervise)
+            self.journal.model_loaded(name, config)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
         self.manager.unload(name)  # no ensembles yet, so a model has no dependents to unload
+        if self.journal is not None:
+            self.journal.model_unloaded(name)
 
     # --- statistics ----------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from host import config as config_mod
-from host import paths, repository
+from host import paths, repository, supervise
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
@@ -226,6 +226,7 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        supervise.doing(f"loading model '{entry.name}' version {version}")
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:

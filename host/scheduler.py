@@ -19,6 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
+from host import supervise
 from host.errors import CancelledError, HostError, InternalError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse
 from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
@@ -48,10 +49,13 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         rows += r.batch_size
     called = time.perf_counter_ns()
     failure: BaseException | None = None
+    executing = supervise.executing(model.name)  # if the process dies now, the log names it
     try:
         responses = slot.instance.execute(requests)
     except BaseException as exc:  # noqa: BLE001 - even SystemExit: the failure of these requests only
         responses, failure = None, exc
+    finally:
+        supervise.done(executing)
     infer_ns, input_ns = time.perf_counter_ns() - called, called - start
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
     report = getattr(slot.instance, "reported_statistics", None)
