@@ -82,3 +82,51 @@ def test_sys_exit_in_a_model_fails_only_its_request(tmp_path):
         assert grpc.is_server_ready() and http.is_server_ready()
         assert server.running()
         assert "SystemExit" in server.log_text()  # logged
+
+
+SABOTEUR = """
+import ctypes, threading
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        # Kill the gRPC polling thread the way a bug would: an exception raised in it from outside
+        # any call it handles (delivered when its next event arrives).
+        for thread in threading.enumerate():
+            if thread.name.startswith("grpc-") and thread is not threading.current_thread():
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                           ctypes.py_object(SystemExit))
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def test_a_dead_grpc_loop_is_noticed_and_the_worker_replaced(tmp_path):
+    _write(tmp_path, "quitter")
+    (tmp_path / "saboteur" / "1").mkdir(parents=True)
+    (tmp_path / "saboteur" / "config.pbtxt").write_text(CONFIG.format(name="saboteur", batch=0, extra=""))
+    (tmp_path / "saboteur" / "1" / "model.py").write_text(SABOTEUR)
+    with serve(tmp_path) as server:
+        http = httpclient.InferenceServerClient(server.url, network_timeout=20)
+        assert _http(http, "saboteur", 1.0).tolist() == [1.0]  # runs on an HTTP thread
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        try:  # the event this call makes is what the dead thread never handles
+            grpc.is_server_live(client_timeout=2)
+        except InferenceServerException:
+            pass
+        from host.testing import wait_until
+
+        wait_until(lambda: "restarting the worker" in server.log_text(), timeout=30)
+        wait_until(server.is_ready, timeout=60)
+        wait_until(lambda: _grpc_ok(server), timeout=60)
+        log = server.log_text()
+        assert "a gRPC polling thread died: SystemExit" in log
+        assert server.running()
+
+
+def _grpc_ok(server) -> bool:
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        return _grpc(client, "quitter", 3.0).tolist() == [3.0]
+    except InferenceServerException:
+        return False

@@ -365,10 +365,14 @@ class _Pollers:
     def join(self) -> None:
         """After the completion queue was shut down: wait for every thread."""
         self.stopping.set()
+        if self.failure:  # the dead thread will not pass the queue's end on: wake the resting ones
+            with self.cond:
+                self.closed = True
+                self.cond.notify_all()
         me = threading.current_thread()
         for thread in [self.watchdog, *self.threads]:
             if thread is not me and thread.ident is not None:
-                thread.join()
+                thread.join(None if not self.failure else 2.0)
 
 
 class GrpcServer:
@@ -436,6 +440,12 @@ class GrpcServer:
             if not self._serving:
                 return
             self._serving = False
+            if self.failure:
+                # No thread polls the queue any more: one that only drains it lets the core
+                # finish its shutdown; calls in flight are cancelled at once.
+                threading.Thread(target=_drain, args=(self._cq,), daemon=True,
+                                 name="grpc-drain").start()
+                grace = 0
             self._server.shutdown(self._cq, self._on_shutdown)
         if not self._shutdown.wait(grace if grace is not None else 0):
             self._server.cancel_all_calls()
@@ -457,6 +467,18 @@ class GrpcServer:
 
 def _bracket(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def _drain(cq: Any) -> None:
+    """Run the events left on a queue whose polling thread died, until it is shut down."""
+    while True:
+        event = cq.poll()
+        if event.completion_type == _QUEUE_SHUTDOWN:
+            return
+        try:
+            event.tag(event)
+        except BaseException:  # noqa: BLE001 - shutting down: nothing left to protect
+            pass
 
 
 def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 32,
