@@ -96,7 +96,7 @@ def test_http_json_fuzz(server, doc):
 
 @FUZZ
 @given(doc=documents, tail=st.binary(max_size=64), header_length=st.one_of(
-    st.none(), st.integers(-5, 400), st.text(st.characters(max_codepoint=126), max_size=4)))
+    st.none(), st.integers(-5, 400), st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=4)))
 def test_http_binary_fuzz(server, doc, tail, header_length):
     header = json.dumps(doc).encode()
     length = len(header) if header_length is None else header_length
