@@ -18,6 +18,11 @@ import numpy as np
 
 from host.errors import InvalidArgumentError
 
+try:  # the SIGBUS guard (host/shm/_guard.c); without a compiled one, the size checks alone
+    from host.shm import _guard
+except ImportError:  # pragma: no cover - an installation built without a C compiler
+    _guard = None
+
 SHM_DIR = "/dev/shm"
 # shm_open(3): an optional leading '/', then a name with no further '/', at most NAME_MAX bytes.
 _KEY = re.compile(r"/?[^/\x00]{1,255}")
@@ -37,9 +42,14 @@ class SystemRegion:
         # The mapping lives exactly as long as something refers to it: the registry until
         # unregister, and every in-flight request through its views, so there is no close().
         mapping, self._fd = _map_window(key, offset, byte_size)
-        # The object stays open while the region lives, to check its size before each access.
-        weakref.finalize(self, os.close, self._fd)
         self.buffer = np.frombuffer(mapping, dtype=np.uint8, count=byte_size, offset=offset)
+        # A shrink that races the size check faults on a zero page instead of killing the
+        # process, and marks the region (see _guard.c).
+        self._guard = _guard.guard(self.buffer.ctypes.data - offset, offset + byte_size) \
+            if _guard is not None else -1
+        # The object stays open, and the guard in place, while the mapping lives: as long as the
+        # registry or any in-flight request's view refers to it.
+        weakref.finalize(mapping, _release, self._fd, self._guard)
 
     def check_size(self) -> None:
         """Refuse an access when the client shrank the object under the mapping (ftruncate):
@@ -48,7 +58,7 @@ class SystemRegion:
             size = os.fstat(self._fd).st_size
         except OSError:
             size = -1
-        if size < self.offset + self.byte_size:
+        if size < self.offset + self.byte_size or self.faulted():
             raise InvalidArgumentError(
                 f"shared memory region '{self.name}' is no longer usable: its object '{self.key}' "
                 f"shrank to {max(size, 0)} bytes after it was registered with offset {self.offset} "
@@ -56,6 +66,17 @@ class SystemRegion:
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+    def faulted(self) -> bool:
+        """Whether an access to the region hit a part the client had truncated away."""
+        return self._guard >= 0 and _guard is not None and _guard.faulted(self._guard)
+
+
+def _release(fd: int, slot: int) -> None:
+    os.close(fd)
+    if slot >= 0 and _guard is not None:
+        _guard.unguard(slot)
 
 
 def _map_window(key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:

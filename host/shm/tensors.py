@@ -111,6 +111,7 @@ def _write(tensor: Tensor, region: Any, offset: int, size: int) -> None:
             src.get(out=dst)  # device to host, straight into the region
         else:
             np.copyto(dst, src)
+        region.check_size()  # a shrink during the copy: the output did not reach the client
     elif on_device:
         dst[...] = src  # device to device
     else:
