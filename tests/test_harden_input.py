@@ -184,3 +184,43 @@ def test_idle_and_slow_clients_do_not_lock_out_a_good_one(server):
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_a_body_that_trickles_in_is_cut_off(monkeypatch):
+    """R-U-Dead-Yet: a client that sends its body a byte at a time is answered 408 once its
+    average rate falls below the minimum after the grace period (made short here)."""
+    from host.http import server as http_server
+
+    monkeypatch.setattr(http_server, "BODY_GRACE_SECONDS", 0.5)
+
+    def app(env, start_response):
+        data = env["wsgi.input"].read(int(env.get("CONTENT_LENGTH") or 0))
+        start_response("200 OK", [("Content-Length", str(len(data)))])
+        return [data]
+
+    served = http_server.serve(app, "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+            answer = b""
+            for _ in range(200):
+                try:
+                    sock.sendall(b"x")
+                except OSError:
+                    break
+                time.sleep(0.02)
+                sock.setblocking(False)
+                try:
+                    answer += sock.recv(4096)
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+                if answer:
+                    break
+            assert b" 408 " in answer.split(b"\r\n")[0], answer
+        with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:  # still serving
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+            assert sock.recv(4096).endswith(b"abc")
+    finally:
+        served.shutdown(1)

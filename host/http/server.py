@@ -37,6 +37,10 @@ WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 MAX_HEADER_BYTES = 64 * 1024
 HANDSHAKE_SECONDS = 10.0
 HEADER_SECONDS = 30.0  # from a request's first byte to the end of its head
+# A body must keep coming: after BODY_GRACE_SECONDS, at BODY_MIN_RATE bytes/s on average at least
+# (a client that trickles its body would otherwise hold its connection's thread for ever).
+BODY_GRACE_SECONDS = 30.0
+BODY_MIN_RATE = 1024
 _RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -67,13 +71,15 @@ class _Body:
     """`wsgi.input`: the request body, read from the socket only when the app asks for it."""
 
     __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure",
-                 "_chunk_left")
+                 "_chunk_left", "_started", "_received")
 
     def __init__(self, conn: "_Connection", length: int, chunked: bool, expect_continue: bool) -> None:
         self._conn = conn
         self._buf = b""  # body bytes already received, not yet given to the app (chunked only)
         self._remaining = length  # Content-Length bodies: bytes still to give
         self._chunk_left = 0  # chunked bodies: bytes of the current chunk not read yet
+        self._started = 0.0  # when the app first asked for the body
+        self._received = 0
         self._chunked = chunked
         self._done = not chunked and length == 0
         self._continue = expect_continue and not self._done
@@ -94,10 +100,12 @@ class _Body:
         if self._continue:
             self._continue = False
             self._conn.send(_CONTINUE)
+        if not self._started:
+            self._started = time.monotonic()
         if self._chunked:
             return self._read_chunked(size)
         n = self._remaining if size is None or size < 0 else min(size, self._remaining)
-        data = self._conn.read_exact(n)
+        data = self._conn.read_exact(n, self)
         self._remaining -= n
         self._done = self._remaining == 0
         return data
@@ -109,7 +117,7 @@ class _Body:
         self._buf = b""
         while not self._done and (want is None or have < want):
             if not self._chunk_left:
-                size_text = self._conn.read_line().split(b";", 1)[0].rstrip(b" \t")
+                size_text = self._conn.read_line(self).split(b";", 1)[0].rstrip(b" \t")
                 if not _CHUNK_SIZE.fullmatch(size_text):
                     raise _BadRequest("invalid chunk size")
                 length = int(size_text, 16)
@@ -122,7 +130,7 @@ class _Body:
             # Only what the app asked for: a chunk that claims a terabyte is read (and refused
             # by the app's size limit) piece by piece, never held whole.
             n = self._chunk_left if want is None else min(self._chunk_left, want - have)
-            parts.append(self._conn.read_exact(n))
+            parts.append(self._conn.read_exact(n, self))
             self._chunk_left -= n
             have += n
             if not self._chunk_left and self._conn.read_exact(2) != b"\r\n":
@@ -131,6 +139,13 @@ class _Body:
         if want is not None and len(data) > want:
             data, self._buf = data[:want], data[want:]
         return data
+
+    def progress(self, count: int) -> None:
+        """`count` more body bytes arrived; refuse a body that comes too slowly."""
+        self._received += count
+        elapsed = time.monotonic() - self._started
+        if elapsed > BODY_GRACE_SECONDS and self._received < BODY_MIN_RATE * elapsed:
+            raise _Timeout("request body arriving too slowly")
 
     def readline(self, size: int | None = -1) -> bytes:  # WSGI asks for it; bodies here are not lines
         return self.read(size)
@@ -188,7 +203,7 @@ class _Connection:
             raise _ClientGone()
         return data
 
-    def read_exact(self, n: int) -> bytes:
+    def read_exact(self, n: int, body: _Body | None = None) -> bytes:
         pending = self.pending
         if len(pending) >= n:
             self.pending = pending[n:] if len(pending) > n else b""
@@ -205,13 +220,18 @@ class _Connection:
                 raise _ClientGone()
             parts.append(chunk)
             have += len(chunk)
+            if body is not None:
+                body.progress(len(chunk))
         return b"".join(parts)
 
-    def read_line(self) -> bytes:
+    def read_line(self, body: _Body | None = None) -> bytes:
         while b"\r\n" not in self.pending:
             if len(self.pending) > MAX_HEADER_BYTES:
                 raise _BadRequest("line too long")
-            self.pending += self.recv()
+            data = self.recv()
+            self.pending += data
+            if body is not None:
+                body.progress(len(data))
         line, self.pending = self.pending.split(b"\r\n", 1)
         return line
 
