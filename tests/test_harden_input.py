@@ -224,3 +224,38 @@ def test_a_body_that_trickles_in_is_cut_off(monkeypatch):
             assert sock.recv(4096).endswith(b"abc")
     finally:
         served.shutdown(1)
+
+
+def test_a_head_that_trickles_in_is_cut_off(monkeypatch):
+    """Slowloris: headers sent a few bytes at a time get 408 once the head deadline passes
+    (made short here)."""
+    from host.http import server as http_server
+
+    monkeypatch.setattr(http_server, "HEADER_SECONDS", 0.5)
+
+    def app(env, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    served = http_server.serve(app, "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:
+            answer = b""
+            for piece in [b"GET / HTTP/1.1\r\n"] + [b"X-a: b\r\n"] * 200:
+                try:
+                    sock.sendall(piece)
+                except OSError:
+                    break
+                time.sleep(0.02)
+                sock.setblocking(False)
+                try:
+                    answer += sock.recv(4096)
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+                if answer:
+                    break
+            assert b" 408 " in answer.split(b"\r\n")[0], answer
+    finally:
+        served.shutdown(1)
