@@ -118,6 +118,8 @@ class Backend:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # --backend-config settings for this backend (set by the host before `initialize`).
+        self.config: dict[str, str] = {}
 
     def initialize(self) -> None:
         """Called when the first model that uses this backend loads."""

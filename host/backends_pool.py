@@ -28,8 +28,9 @@ PLUGIN_DISTRIBUTIONS: dict[str, str] = {
     "pytorch": "modelhost-pytorch",
 }
 
-# Seam for native backends: given the library path and backend name, return a Backend.
-NativeLoader = Callable[[Path, str], Backend]
+# Seam for native backends: given the library path, backend name and its --backend-config
+# settings, return a Backend.
+NativeLoader = Callable[[Path, str, dict], Backend]
 
 
 def native_library_candidates(name: str, model_path: Path, version: int,
@@ -44,10 +45,13 @@ def native_library_candidates(name: str, model_path: Path, version: int,
 
 class BackendPool:
     def __init__(self, registry: Registry, backend_directory: Path | None = None,
-                 native_loader: NativeLoader | None = None) -> None:
+                 native_loader: NativeLoader | None = None,
+                 config: dict[str, dict[str, str]] | None = None) -> None:
         self.registry = registry
         self.backend_directory = backend_directory
         self.native_loader = native_loader
+        # --backend-config: settings by backend name, "" for those every backend gets.
+        self.config = config or {}
         self._lock = threading.Lock()
         self._live: dict[str, tuple[Backend, int]] = {}  # name -> (backend, users)
 
@@ -59,6 +63,7 @@ class BackendPool:
                 self._live[name] = (backend, users + 1)
                 return backend
             backend = self._create(name, model_path, version)
+            backend.config = self.settings(name)
             backend.initialize()  # an error here leaves nothing behind: the model fails to load
             self._live[name] = (backend, 1)
             return backend
@@ -74,6 +79,10 @@ class BackendPool:
             backend.finalize()
         except Exception:
             log.exception("finalize of backend '%s' failed", name)
+
+    def settings(self, name: str) -> dict[str, str]:
+        """The backend's --backend-config settings: its own over those for every backend."""
+        return {**self.config.get("", {}), **self.config.get(name, {})}
 
     def in_use(self) -> dict[str, int]:
         with self._lock:
@@ -96,7 +105,7 @@ class BackendPool:
                     raise UnsupportedError(
                         f"backend '{name}' is provided by no installed plugin; found native library "
                         f"'{lib}', but native Triton backends are not supported by this build")
-                return self.native_loader(lib, name)
+                return self.native_loader(lib, name, self.settings(name))
         known = ", ".join(sorted(self.registry.backends)) or "none"
         hint = f" (pip install {PLUGIN_DISTRIBUTIONS[name]})" if name in PLUGIN_DISTRIBUTIONS else ""
         raise NotFoundError(

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 from typing import Sequence
 
-from host import __version__
+from host import __version__, cli_triton
 from host.options import CONTROL_MODES, ServerOptions
 
 
@@ -51,6 +50,72 @@ def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) ->
     return config
 
 
+def _trace_setting(text: str) -> tuple[str, str, str]:
+    from host.trace import split_setting
+
+    try:
+        return split_setting(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _metrics_setting(text: str) -> tuple[str, str]:
+    """`<setting>=<value>` (Triton's --metrics-config)."""
+    key, eq, value = text.partition("=")
+    if not key or not eq or not value:
+        raise argparse.ArgumentTypeError(
+            f"--metrics-config option format is '<setting>=<value>'. Got {text}")
+    return key, value
+
+
+def trace_config(args: argparse.Namespace):
+    from host.trace import parse_config
+
+    deprecated = {"file": args.trace_file, "level": args.trace_level, "rate": args.trace_rate,
+                  "count": args.trace_count, "log_frequency": args.trace_log_frequency}
+    for flag, value in deprecated.items():
+        if value not in (None, []):
+            logging.getLogger(__name__).warning(
+                "--trace-%s is deprecated: use --trace-config instead", flag.replace("_", "-"))
+    try:
+        return parse_config(args.trace_config, deprecated)
+    except ValueError as exc:
+        raise SystemExit(f"modelhost: {exc}") from None
+
+
+def _observability_flags(p: argparse.ArgumentParser) -> None:
+    """Tracing, logging, header forwarding and metrics flags (docs/observability.md)."""
+    p.add_argument("--trace-config", action="append", type=_trace_setting, default=[],
+                   metavar="[MODE,]SETTING=VALUE",
+                   help="tracing: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, "
+                        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+                        "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
+                        "opentelemetry,bsp_*=N (repeatable)")
+    p.add_argument("--trace-file", default=None, help="deprecated: --trace-config triton,file=PATH")
+    p.add_argument("--trace-level", action="append", default=[],
+                   help="deprecated: --trace-config level=LEVEL")
+    p.add_argument("--trace-rate", type=int, default=None, help="deprecated: --trace-config rate=N")
+    p.add_argument("--trace-count", type=int, default=None, help="deprecated: --trace-config count=N")
+    p.add_argument("--trace-log-frequency", type=int, default=None,
+                   help="deprecated: --trace-config triton,log-frequency=N")
+    p.add_argument("--log-file", default="", metavar="PATH",
+                   help="write the log to PATH instead of stdout/stderr")
+    p.add_argument("--log-format", default="default", choices=("default", "ISO8601"))
+    _flag(p, "--log-warning", "log warnings", default=True)
+    _flag(p, "--log-error", "log errors", default=True)
+    p.add_argument("--http-header-forward-pattern", default="", metavar="REGEX",
+                   help="HTTP request headers whose name matches REGEX become request parameters")
+    p.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
+                   help="gRPC request metadata whose key matches REGEX become request parameters")
+    p.add_argument("--metrics-config", action="append", type=_metrics_setting, default=[],
+                   metavar="SETTING=VALUE",
+                   help="summary_latencies=true, summary_quantiles=Q:E,..., "
+                        "histogram_latencies=true, counter_latencies=false (repeatable)")
+    p.add_argument("--metrics-interval-ms", type=float, default=2000.0, metavar="MS",
+                   help="how often CPU utilization and memory are sampled")
+    _flag(p, "--allow-cpu-metrics", "report nv_cpu_utilization and nv_cpu_memory_*", default=True)
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC",
                        description="Serve Triton model repositories (KServe V2 / Triton protocol).")
@@ -63,8 +128,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
     _flag(p, "--exit-on-error", "exit if any model fails to load at start")
-    _flag(p, "--strict-model-config", "accepted for compatibility: configs are always auto-completed")
-    _flag(p, "--strict-readiness", "accepted for compatibility", default=True)
+    _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
+          "--disable-auto-complete-config")
+    _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
+          "READY (default false here; Triton's default is true)", default=False)
     p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
                    help="do not load the plugin NAME (repeatable; also MODELHOST_BLOCK_PLUGINS=a,b)")
     p.add_argument("--http-address", default="0.0.0.0")
@@ -87,7 +154,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument("--model-load-thread-count", type=int, default=4)
+    p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
+                   help="how many models load in parallel at start-up")
+    cli_triton.add_flags(p, _flag)
     p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
                    metavar="NAME,KEY=VALUE",
                    help="enable the response cache NAME with a setting (repeatable), e.g. "
@@ -117,6 +186,7 @@ def _serve_parser(sub) -> None:
           "--http-ssl-root-cert")
     p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
                    help="deprecated: the same as --cache-config local,size=BYTES")
+    _observability_flags(p)
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -158,7 +228,25 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_ssl_key=args.http_ssl_key,
         http_ssl_root_cert=args.http_ssl_root_cert,
         http_ssl_mutual=args.http_ssl_mutual,
+        trace=trace_config(args),
+        http_header_forward_pattern=_pattern(args.http_header_forward_pattern),
+        grpc_header_forward_pattern=_pattern(args.grpc_header_forward_pattern),
+        metrics_config=dict(args.metrics_config),
+        metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        strict_readiness=args.strict_readiness,
+        **cli_triton.options(args),
     )
+
+
+def _pattern(text: str) -> str:
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise SystemExit(f"modelhost: invalid header forward pattern '{text}': {exc}") from None
+    return text
 
 
 def _plugins_command(args: argparse.Namespace) -> int:
@@ -189,9 +277,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins_command(args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.log_verbose else (logging.INFO if args.log_info else logging.WARNING),
-        format="%(asctime)s %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
+    from host import logsettings
+
+    logsettings.install(logsettings.LogSettings(
+        file=args.log_file, info=args.log_info, warning=args.log_warning, error=args.log_error,
+        verbose_level=args.log_verbose, format=args.log_format))
     from host.serve import serve
 
     options = options_from_args(args)

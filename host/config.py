@@ -73,9 +73,17 @@ def parse_config_text(text: str, source: str) -> ModelConfig:
     return config
 
 
-def load_config_file(model_dir: Path) -> ModelConfig | None:
-    """Read `<model_dir>/config.pbtxt`; None when absent (Triton may then auto-complete one)."""
+def load_config_file(model_dir: Path, custom_name: str = "") -> ModelConfig | None:
+    """Read `<model_dir>/config.pbtxt`; None when absent (Triton may then auto-complete one).
+
+    With `custom_name` (--model-config-name), `<model_dir>/configs/<custom_name>.pbtxt` is read
+    instead where it exists, as Triton does.
+    """
     path = Path(model_dir) / CONFIG_FILENAME
+    if custom_name:
+        custom = Path(model_dir) / "configs" / f"{custom_name}.pbtxt"
+        if custom.is_file():
+            path = custom
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

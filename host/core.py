@@ -13,12 +13,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, datatypes, parameters, shm
+from host import (__version__, classification, datatypes, headers, logsettings, overrides,
+                  parameters, raw_input, shm)
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
-                         InvalidArgumentError, UnavailableError)
+                         InvalidArgumentError, UnavailableError, error_for)
+from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
 from host.model import ModelVersion
@@ -26,12 +28,13 @@ from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
+from host.trace import TraceManager
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelhost"
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "generate"]
+              "binary_tensor_data", "parameters", "statistics", "generate", "trace", "logging"]
 
 
 class Host:
@@ -43,18 +46,36 @@ class Host:
                 f"(expected one of {', '.join(CONTROL_MODES)})")
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
         self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
-                                    native_loader=native_backend.loader(self.options.backend_directory))
+                                    native_loader=native_backend.loader(self.options.backend_directory),
+                                    config=_backend_settings(self.options))
         # The response cache (None without --cache-config); see _prepare for where it is used.
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
-        self.manager = ModelManager(self.options.model_repositories, self.backends,
-                                    self.options.model_control_mode, self._on_model_state,
-                                    unload_wait=self.options.exit_timeout_secs)
+        opts = self.options
+        self.manager = ModelManager(opts.model_repositories, self.backends,
+                                    opts.model_control_mode, self._on_model_state,
+                                    auto_complete=not (opts.disable_auto_complete_config
+                                                       or opts.strict_model_config),
+                                    config_name=opts.model_config_name,
+                                    load_threads=opts.model_load_thread_count,
+                                    unload_wait=opts.exit_timeout_secs)
+        self.latency_config = parse_metrics_config(self.options.metrics_config)
+        if self.latency_config.any:
+            self.manager.latency_config = self.latency_config
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
+        # Tracing: the request path checks `self.tracing` only; the manager keeps it up to date.
+        self.tracer = TraceManager(self.options.trace)
+        self.tracing = self.tracer.active
+        self.tracer.on_change = self._tracing_changed
+        # Header forwarding (host.headers): None unless a pattern was given.
+        # In OpenTelemetry trace mode they also take the W3C trace context (traceparent).
+        otel = self.tracer.mode == "opentelemetry"
+        self.http_header_forwarder = headers.forwarder(self.options.http_header_forward_pattern, otel)
+        self.grpc_header_forwarder = headers.forwarder(self.options.grpc_header_forward_pattern, otel)
         # Streams run their scheduler call here so responses reach the client while execute runs.
         self._stream_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="stream")
 
@@ -95,6 +116,7 @@ class Host:
         self._stream_pool.shutdown(wait=True)
         if self.cache is not None:
             self.cache.close()
+        self.tracer.close()  # after the last request: its traces are written or exported
         self.plugins.manager.hook.modelhost_shutdown(host=self)
 
     def _poll_loop(self) -> None:
@@ -113,10 +135,12 @@ class Host:
         return not self._stopping.is_set()
 
     def ready(self) -> bool:
-        return self._ready
+        if not self._ready:
+            return False
+        return not self.options.strict_readiness or self.manager.all_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__,
+        return {"name": self.options.server_id or SERVER_NAME, "version": __version__,
                 "extensions": EXTENSIONS + self.shm.extensions()}
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -192,8 +216,7 @@ class Host:
         cancels the request."""
         mv = self.manager.get(request.model_name, request.model_version)
         responses: queue.SimpleQueue = queue.SimpleQueue()
-        self._admit(mv, request)
-        hit = self._prepare(mv, request, lambda r, final: responses.put((r, final)))
+        hit = self._admit_and_prepare(mv, request, lambda r, final: responses.put((r, final)))
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
@@ -217,15 +240,26 @@ class Host:
         self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        self._admit(mv, request)
-        hit = self._prepare(mv, request, callback)
+        hit = self._admit_and_prepare(mv, request, callback)
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
             self._schedule(mv, request)
 
+    def _admit_and_prepare(self, mv: ModelVersion, request: InferenceRequest,
+                           callback: ResponseCallback) -> InferenceResponse | None:
+        try:
+            self._admit(mv, request)
+            return self._prepare(mv, request, callback)
+        except BaseException:
+            if request.shm_regions:  # refused before it ran: its regions are free again
+                shm.release_request(request, self.shm)
+            raise
+
     def _admit(self, mv: ModelVersion, request: InferenceRequest) -> None:
         """The checks every request passes before it is scheduled, whatever its front end."""
+        if request.raw_input:
+            raw_input.resolve(request, mv.config)
         if request.uses_shm:
             shm.bind_request(request, self.shm, mv.name)
         parameters.interpret(request)
@@ -242,7 +276,10 @@ class Host:
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
+        classes = request.classification
+        shm_manager = self.shm
         error: HostError | None = None
+        latency = stats.latency  # host.latency: None unless --metrics-config asks for it
         # Completion is a test-and-set under this lock: a scheduler failing the request and a
         # backend thread answering it at the same moment deliver one final response, not two.
         completing = threading.RLock()
@@ -259,20 +296,29 @@ class Host:
             if probe is not None and final:
                 probe.finish(response)  # stores a success with every output, before the filter
             if response is not None:
+                if latency is not None and latency.first_response is not None:
+                    _first_response(request, latency)
                 response.model_name, response.model_version, response.id = name, version, request.id
                 if response.error is not None:
                     error = response.error
                 else:
                     if wanted is not None:
                         response.outputs = [t for t in response.outputs if t.name in wanted]
-                    if shm_outputs is not None:
-                        try:
+                    try:
+                        if classes is not None:
+                            response.outputs = [
+                                classification.apply(t, classes[t.name], mv.batching,
+                                                     mv.labels.get(t.name))
+                                if t.name in classes else t for t in response.outputs]
+                        if shm_outputs is not None:
                             shm.write_outputs(response, shm_outputs)
-                        except HostError as exc:
-                            error = exc
-                            response = InferenceResponse(name, version, request.id, error=exc)
+                    except HostError as exc:
+                        error = exc
+                        response = InferenceResponse(name, version, request.id, error=exc)
             if final:
                 request.completed = True
+                if request.shm_regions:
+                    shm.release_request(request, shm_manager)
                 now = time.perf_counter_ns()
                 started = request.exec_start_ns
                 stats.request_done(error is None, now - request.enqueue_ns,
@@ -286,6 +332,8 @@ class Host:
 
         request.callback = on_response
         request.enqueue_ns = time.perf_counter_ns()
+        if self.tracing:  # the only cost of tracing while no setting can sample
+            self.tracer.begin(mv, request)
         # --- response cache: the one place the request path touches it; after the request's
         # start time, so that its duration includes the lookup (as Triton's does).
         if self.cache is not None:
@@ -313,12 +361,26 @@ class Host:
 
     def load_model(self, name: str, config: str | None = None,
                    files: dict[str, bytes] | None = None) -> None:
+        """Load (or reload) a model, optionally with a config override and its own files."""
         self.manager.check_control_allowed()
-        if files:
-            raise UnsupportedError("loading a model with file content overrides is not supported")
-        self.manager.load(name, config)
+        overrides.check_model_name(name)
+        try:
+            folder = None
+            if files:
+                if config is None:
+                    raise InvalidArgumentError(overrides.CONFIG_REQUIRED)
+                folder = overrides.write(name, files, self.options.http_max_input_size)
+            self.manager.load(name, config, override_dir=folder)  # removes an unused folder
+        except HostError as exc:
+            if (config is None and not files) or exc.message.startswith("failed to load"):
+                raise
+            # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
+            raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None
         if self.journal is not None:  # a restarted worker loads it again (host.supervise)
-            self.journal.model_loaded(name, config)
+            if files:  # its files are not kept: after a crash it is not loaded again
+                self.journal.model_unloaded(name)
+            else:
+                self.journal.model_loaded(name, config)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
@@ -339,6 +401,41 @@ class Host:
                 raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
+
+    # --- trace and logging extensions ----------------------------------------------------------
+    def _tracing_changed(self, active: bool) -> None:
+        self.tracing = active
+
+    def trace_setting(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's trace extension: the effective setting of `model` (or the global one), after
+        applying `changes` (setting -> text value, a list for trace_level, None to clear)."""
+        if model and not self.model_ready(model):
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if changes:
+            return self.tracer.update(model, changes)
+        return self.tracer.get(model)
+
+    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's logging extension: the log settings, after applying `changes`."""
+        if changes:
+            return logsettings.update(changes)
+        return logsettings.current().as_dict()
+
+
+def _first_response(request: InferenceRequest, latency: Any) -> None:
+    # nv_inference_first_response_histogram_ms: observed once per request (a decoupled model's
+    # later responses are not).
+    if not request.first_response_seen:
+        request.first_response_seen = True
+        latency.responded(time.perf_counter_ns() - request.enqueue_ns)
+
+
+def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:
+    """--backend-config settings by backend; with auto-complete off, backends are told so."""
+    settings = {name: dict(values) for name, values in options.backend_config.items()}
+    if options.disable_auto_complete_config or options.strict_model_config:
+        settings.setdefault("", {}).setdefault("auto-complete-config", "false")
+    return settings
 
 
 def _after_final(response: InferenceResponse | None, final: bool) -> None:

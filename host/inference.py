@@ -65,6 +65,21 @@ class InferenceRequest:
     # None until the host binds it); `shm_outputs` maps output names to (region, offset, size).
     uses_shm: bool = False
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
+    # A `host.trace.Trace` when this request was sampled for tracing, else None.
+    trace: Any = None
+    first_response_seen: bool = False  # for the first-response histogram (host.latency)
+    # The request's W3C trace context headers (traceparent, tracestate), taken by the front end
+    # only in OpenTelemetry trace mode (host.headers).
+    trace_context: dict[str, str] | None = None
+    shm_regions: list[Any] | None = None  # acquired by the host, released after the final response
+    # The front end that decoded the request ("http" or "grpc"): the few rules Triton words or
+    # applies differently per protocol (host.parameters, host.classification) look at it.
+    protocol: str = ""
+    # Classification extension: k by output name (host.classification), set by the host.
+    classification: dict[str, int] | None = None
+    # HTTP raw binary request: the one input's raw bytes, its name and shape still to be
+    # deduced from the model configuration (host.raw_input).
+    raw_input: bool = False
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -10,15 +10,17 @@ import copy
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from host import config as config_mod
-from host import paths, repository, supervise
+from host import overrides, paths, repository, supervise
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
-from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
+from host.latency import LatencyConfig, LatencyRecorder
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 
@@ -39,6 +41,7 @@ class ModelEntry:
     error: str = ""  # a failure before any version could be tried (config, backend)
     fingerprint: tuple = ()
     unloaded: bool = False
+    override_dir: Path | None = None  # the private folder of a load with file overrides
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for v in self.newest_first if v.state == READY]
@@ -62,15 +65,20 @@ class ModelEntry:
 
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
-                 on_state: StateListener | None = None, unload_wait: float = 30.0) -> None:
+                 on_state: StateListener | None = None, *, auto_complete: bool = True,
+                 config_name: str = "", load_threads: int = 1, unload_wait: float = 30.0) -> None:
         self.roots = [Path(r) for r in roots]
         self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
         self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
         self.backends = backends
         self.mode = mode
+        self.auto_complete = auto_complete  # off: --disable-auto-complete-config
+        self.config_name = config_name  # --model-config-name
+        self.load_threads = max(1, load_threads)  # --model-load-thread-count
         self._on_state = on_state or (lambda *a: None)
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
+        self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
@@ -96,6 +104,21 @@ class ModelManager:
 
     def loaded(self) -> list[ModelVersion]:
         return [v for e in list(self._models.values()) for v in e.versions.values()]
+
+    def all_ready(self) -> bool:
+        """Triton's strict readiness: every model a load was asked for has its versions READY
+        (a version that is unavailable because it was unloaded does not count)."""
+        for entry in list(self._models.values()):
+            if entry.unloaded:
+                continue
+            versions = entry.versions
+            if entry.error and not versions:
+                return False
+            if any(v not in versions for v in entry.failed):  # a failed reload keeps its version
+                return False
+            if any(v.state != READY for v in versions.values()):
+                return False
+        return True
 
     # --- repository index ----------------------------------------------------------------------
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -131,16 +154,16 @@ class ModelManager:
         """Learn models added to the repository (the index lists them even when not loaded)."""
         locations, errors = repository.scan(self.roots)
         for name, loc in locations.items():
-            self._models.setdefault(name, ModelEntry(name)).location = loc
+            entry = self._models.setdefault(name, ModelEntry(name))
+            if entry.override_dir is None:  # a model loaded from override files stays there
+                entry.location = loc
         return errors
 
     # --- control -------------------------------------------------------------------------------
     def check_control_allowed(self) -> None:
-        if self.mode == "poll":
-            raise UnsupportedError("explicit model load / unload is not allowed if polling is enabled")
-        if self.mode == "none":
-            raise UnsupportedError(
-                "explicit model load / unload is not allowed if model control mode is 'none'")
+        # Triton words it so in both 'none' and 'poll' mode (core LoadUnloadModel).
+        if self.mode != "explicit":
+            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
 
     def load_all(self, names: list[str] | None = None) -> dict[str, str]:
         """Load every model (or `names`); returns the errors by model name, loads the rest."""
@@ -148,41 +171,85 @@ class ModelManager:
             scan_errors = self._refresh_locations()
             wanted = sorted(self._models) if names is None or "*" in names else names
             errors: dict[str, str] = {}
-            for name in wanted:
+
+            def load_one(name: str) -> None:
                 try:
                     if name in scan_errors:
                         raise InvalidArgumentError(scan_errors[name])
-                    self.load(name)
+                    self._load(name, None, None, refresh=False)
                 except HostError as exc:
                     errors[name] = str(exc)
+
+            # The models load in parallel (--model-load-thread-count), as in Triton: each load
+            # touches only its own entry; the backend pool serializes backend creation.
+            if self.load_threads == 1 or len(wanted) < 2:
+                for name in wanted:
+                    load_one(name)
+            else:
+                with ThreadPoolExecutor(min(self.load_threads, len(wanted)),
+                                        thread_name_prefix="model-load") as pool:
+                    list(pool.map(load_one, wanted))
             return errors
 
-    def load(self, name: str, config_json: str | dict | None = None) -> None:
-        """(Re)load a model: every version its policy selects. Raises the first failure."""
+    def load(self, name: str, config_json: str | dict | None = None,
+             override_dir: Path | None = None) -> None:
+        """(Re)load a model: every version its policy selects. Raises the first failure.
+
+        With `override_dir` the model loads from that folder (host.overrides) instead of the
+        repository; the folder is removed once no version of the model uses it.
+        """
         with self._lock:
-            self._refresh_locations()
-            entry = self._models.get(name)
-            if entry is None or entry.location is None or not entry.location.path.is_dir():
-                raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
-            entry.unloaded = False
-            entry.fingerprint = repository.fingerprint(entry.location.path)
+            old = self._models.get(name)
+            previous = old.override_dir if old is not None else None
+            if old is not None and previous is not None:
+                old.override_dir, old.location = None, None  # back to the repository's copy
             try:
-                base = self._base_config(entry, config_json)
-                versions = repository.select_versions(base.version_policy,
-                                                      repository.versions_on_disk(entry.location.path))
-            except HostError as exc:
-                entry.error = str(exc)
-                self._notify(name, -1, UNAVAILABLE, entry.error)
-                raise
-            entry.error = ""
-            self._load_versions(entry, base, versions)
+                self._load(name, config_json, override_dir)
+            finally:
+                entry = self._models.get(name)
+                for folder in (override_dir, previous):
+                    if entry is not None and folder is not None:
+                        self._settle_override(entry, folder)
+
+    def _load(self, name: str, config_json: str | dict | None, override_dir: Path | None,
+              refresh: bool = True) -> None:
+        if refresh:
+            self._refresh_locations()
+        if override_dir is not None:
+            created = self._models.setdefault(name, ModelEntry(name))
+            created.location = repository.ModelLocation(name, override_dir.parent, override_dir)
+            created.override_dir = override_dir
+        entry = self._models.get(name)
+        if entry is None or entry.location is None or not entry.location.path.is_dir():
+            raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+        entry.unloaded = False
+        entry.fingerprint = repository.fingerprint(entry.location.path)
+        try:
+            base = self._base_config(entry, config_json)
+            versions = repository.select_versions(base.version_policy,
+                                                  repository.versions_on_disk(entry.location.path))
+        except HostError as exc:
+            entry.error = str(exc)
+            self._notify(name, -1, UNAVAILABLE, entry.error)
+            raise
+        entry.error = ""
+        self._load_versions(entry, base, versions)
 
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
         if config_json is not None:
-            cfg = config_mod.config_from_json(config_json)
+            try:
+                cfg = config_mod.config_from_json(config_json)
+            except HostError as exc:
+                raise InvalidArgumentError(f"Invalid config override: {exc}") from None
         else:
-            cfg = config_mod.load_config_file(entry.location.path) or model_config_pb2.ModelConfig()
+            found = config_mod.load_config_file(entry.location.path, self.config_name)
+            if found is None and not self.auto_complete:  # Triton reads the (missing) file
+                raise InvalidArgumentError(
+                    f"failed to read text proto from "
+                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
+                    "(auto-complete is disabled, so every model needs its configuration)")
+            cfg = found or model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name
         if not config_mod.backend_for(cfg):
@@ -226,7 +293,15 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
-        supervise.doing(f"loading model '{entry.name}' version {version}")
+        loading = supervise.loading(entry.name, version)  # named by the master if the process dies
+        try:
+            return self._load_version_now(entry, spec, cfg, backend_name, version)
+        finally:
+            supervise.done(loading)
+
+    def _load_version_now(self, entry: ModelEntry, spec: ModelSpec, cfg: model_config_pb2.ModelConfig,
+                          backend_name: str, version: int) -> ModelVersion:
+        started = time.perf_counter()
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
@@ -234,10 +309,15 @@ class ModelManager:
         except Exception as exc:
             raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
         try:
-            backend.auto_complete_config(spec)
+            if self.auto_complete:
+                backend.auto_complete_config(spec)
             config_mod.normalize_config(spec.config, entry.name)
             mv = ModelVersion(spec)
+            if self.latency_config is not None:  # summaries / histograms (host.latency)
+                mv.stats.latency = LatencyRecorder(self.latency_config,
+                                                   bool(spec.config.response_cache.enable))
             mv.load(backend)
+            mv.load_duration_secs = time.perf_counter() - started
         except BaseException as exc:
             self.backends.release(backend_name)
             if isinstance(exc, HostError):
@@ -267,7 +347,21 @@ class ModelManager:
         # The versions stay listed (UNLOADING) until their requests finish (_finish_unload).
         pending = [self._unload_version(mv, entry) for mv in list(entry.versions.values())]
         entry.failed = {}
+        if entry.override_dir is not None:
+            overrides.remove(entry.override_dir)
+            entry.override_dir, entry.location = None, None
         return pending
+
+    @staticmethod
+    def _settle_override(entry: ModelEntry, folder: Path) -> None:
+        """After a load: keep an override folder a version still runs from, remove it otherwise."""
+        if any(mv.spec.path == folder for mv in entry.versions.values()):
+            entry.override_dir = folder  # also a failed reload that keeps the old version serving
+            entry.location = repository.ModelLocation(entry.name, folder.parent, folder)
+            return
+        overrides.remove(folder)
+        if entry.override_dir == folder:
+            entry.override_dir, entry.location = None, None
 
     def unload_all(self) -> None:
         with self._lock:
@@ -282,8 +376,9 @@ class ModelManager:
             return finisher
         self._notify(mv.name, mv.version, "UNLOADING", "")
         mv.begin_unload()
-        finisher = self._finishers[mv] = threading.Thread(target=self._finish_unload, args=(mv, entry), daemon=True,
-                                    name=f"unload-{mv.name}-{mv.version}")
+        finisher = self._finishers[mv] = threading.Thread(
+            target=self._finish_unload, args=(mv, entry), daemon=True,
+            name=f"unload-{mv.name}-{mv.version}")
         finisher.start()
         return finisher
 

@@ -39,7 +39,7 @@ import math
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Metric
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 
 from host.stats import FAILURE_REASONS
 
@@ -131,12 +131,73 @@ class TritonCollector:
                 any_cache = True
                 for family, (_, _, value) in zip(cache, _CACHE):
                     family.add_metric(labels, value(m))
+        latency = getattr(self.host, "latency_config", None)
+        counters = latency is None or latency.counters  # counter_latencies=false hides them
         yield families[0]
         yield failure
-        yield from families[1:]
+        yield from (f for f in families[1:] if counters or not f.name.endswith("_duration_us"))
+        yield from _gauges(loaded.values())
         if any_cache:
-            yield from cache
+            yield from (f for f in cache if counters or not f.name.endswith("_duration_per_model"))
+        if latency is not None and latency.any:
+            yield from _latency_families(loaded.values(), latency)
         yield from _model_families(loaded.values())
+
+
+def _gauges(loaded: Iterable[Any]) -> Iterator[Metric]:
+    """nv_inference_pending_request_count and nv_model_load_duration_secs, per model version."""
+    pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                "Instantaneous number of pending requests awaiting execution "
+                                "per-model.", labels=_LABELS)
+    load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds",
+                             labels=_LABELS)
+    for mv in sorted(loaded, key=lambda m: (m.name, m.version)):
+        labels = [mv.name, str(mv.version)]
+        pending.add_metric(labels, mv.pending_requests())
+        load.add_metric(labels, mv.load_duration_secs)
+    yield pending
+    yield load
+
+
+def _latency_families(loaded: Iterable[Any], config: Any) -> Iterator[Metric]:
+    """The summaries and the first-response histogram (host.latency), per model version."""
+    from host.latency import FIRST_RESPONSE, SUMMARIES
+
+    summaries: dict[str, Metric] = {}
+    histogram: Metric | None = None
+    for mv in sorted(loaded, key=lambda m: (m.name, m.version)):
+        recorder = mv.stats.latency
+        if recorder is None:
+            continue
+        labels = {"model": mv.name, "version": str(mv.version)}
+        observed, hist = recorder.snapshot()
+        for key, (count, total, quantiles) in observed.items():
+            name, doc = SUMMARIES[key]
+            family = summaries.get(name)
+            if family is None:
+                family = summaries[name] = Metric(name, doc, "summary")
+            for q, value in quantiles:
+                family.add_sample(name, {**labels, "quantile": _number(q)}, value)
+            family.add_sample(name + "_sum", labels, total)
+            family.add_sample(name + "_count", labels, count)
+        if hist is not None:
+            name, doc = FIRST_RESPONSE
+            if histogram is None:
+                histogram = Metric(name, doc, "histogram")
+            counts, total = hist
+            bounds = [_number(b) for b in recorder.first_response.bounds] + ["+Inf"]
+            for le, c in zip(bounds, counts):
+                histogram.add_sample(name + "_bucket", {**labels, "le": le}, c)
+            histogram.add_sample(name + "_sum", labels, total)
+            histogram.add_sample(name + "_count", labels, counts[-1])
+    if histogram is not None:
+        yield histogram
+    yield from summaries.values()
+
+
+def _number(value: float) -> str:
+    """A label value as prometheus-cpp writes numbers: 100, 0.5 (no trailing .0)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _model_families(loaded: Iterable[Any]) -> Iterator[Metric]:
@@ -247,9 +308,10 @@ def _plain(start_response: Callable, status: str, body: bytes,
 class MetricsServer:
     """A running metrics endpoint: `port`, `url`, `stop()`."""
 
-    def __init__(self, server: HTTPServer, registry: CollectorRegistry) -> None:
+    def __init__(self, server: HTTPServer, registry: CollectorRegistry, cpu: Any = None) -> None:
         self._server = server
         self.registry = registry
+        self._cpu = cpu  # host.cpu_metrics.CpuMonitor, or None
         self.address, self.port = server.address[0], server.port
         self._stopped = threading.Event()
 
@@ -263,6 +325,8 @@ class MetricsServer:
         if not self._stopped.is_set():
             self._stopped.set()
             self._server.shutdown(timeout)
+            if self._cpu is not None:
+                self._cpu.stop()
 
 
 def start_metrics_server(host: Host, address: str = "0.0.0.0", port: int = 8002) -> MetricsServer:
@@ -271,4 +335,12 @@ def start_metrics_server(host: Host, address: str = "0.0.0.0", port: int = 8002)
     from host.http.server import serve
 
     registry = make_registry(host)
-    return MetricsServer(serve(make_wsgi_app(registry), address, port), registry)
+    options = getattr(host, "options", None)
+    cpu = None
+    if options is None or options.allow_cpu_metrics:
+        from host.cpu_metrics import CpuMonitor
+
+        cpu = CpuMonitor(options.metrics_interval_ms if options is not None else 2000.0)
+        registry.register(cpu)
+        cpu.start()
+    return MetricsServer(serve(make_wsgi_app(registry), address, port), registry, cpu)

@@ -10,6 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from host import classification
 from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -52,11 +53,16 @@ class ModelVersion:
         self.state, self.reason = LOADING, ""
         self.stats = ModelStats(spec.name, spec.version)
         self.rules = RequestRules(spec.config)
+        self.batching = spec.config.max_batch_size > 0
+        # Classification labels by output (label_filename), read once at load.
+        self.labels = classification.load_labels(spec.config, spec.path)
         self._model: Model | None = None
         self._slots: list[InstanceSlot] = []
         self.scheduler: DirectScheduler | DynamicBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
+        self.tracing = False  # set once a request of this model was sampled (host.trace)
+        self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:
@@ -140,6 +146,12 @@ class ModelVersion:
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    def pending_requests(self) -> int:
+        """Requests scheduled and not executing yet, as the scheduler counts them (0 when it
+        has no such notion)."""
+        pending = getattr(self.scheduler, "pending", None)
+        return pending() if pending is not None else 0
 
     def metrics(self) -> list:
         """The backend model's own metric families (`host.backend.Model.metrics`)."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from host.trace import TraceConfig
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
@@ -51,3 +55,24 @@ class ServerOptions:
     http_ssl_key: Path | None = None
     http_ssl_root_cert: Path | None = None
     http_ssl_mutual: bool = False
+    # Observability (docs/observability.md): tracing from --trace-config; request headers that
+    # match these patterns become request parameters; metrics from --metrics-config.
+    trace: TraceConfig | None = None
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
+    metrics_config: dict[str, str] = field(default_factory=dict)
+    metrics_interval_ms: float = 2000.0
+    allow_cpu_metrics: bool = True
+    # Triton flags with Triton's meaning (docs/triton_compat.md).
+    server_id: str = "modelhost"  # --id: the server name in the metadata
+    # --backend-config: settings by backend name; "" holds the ones for every backend.
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    disable_auto_complete_config: bool = False
+    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt first
+    strict_readiness: bool = False  # ready only while every model that was loaded is READY
+    rate_limit: str = "off"  # only "off": the rate limiter is not implemented
+    rate_limit_resources: list[str] = field(default_factory=list)  # accepted, no effect with "off"
+    # Memory pools: accepted for compatibility; tensors here live in numpy/cupy memory.
+    pinned_memory_pool_byte_size: int = 256 * 1024 * 1024
+    cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
+    cuda_virtual_address_size: dict[int, int] = field(default_factory=dict)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from host.errors import InvalidArgumentError, UnsupportedError
+from host import classification
+from host.errors import InvalidArgumentError
 from host.inference import InferenceRequest
 
 RESERVED_PREFIX = "triton_"
@@ -39,16 +40,16 @@ def interpret(request: InferenceRequest) -> None:
             request.priority = _unsigned_or_error(key, value)
         elif key == "timeout":
             request.timeout_us = _unsigned_or_error(key, value)
-        elif key == EMPTY_FINAL_RESPONSE:
+        elif key == EMPTY_FINAL_RESPONSE and request.protocol != "http":
+            # Triton's HTTP front end has no streaming and refuses it as any other triton_ key.
             if type(value) is not bool:
-                raise InvalidArgumentError(f"Unable to parse '{key}': expected a boolean")
+                raise InvalidArgumentError(
+                    f"invalid value type for '{key}' parameter, expected bool_param.")
             request.enable_empty_final_response = value
         elif key in _FRONT_END_ONLY:
             continue
         elif key.startswith(RESERVED_PREFIX):
-            raise InvalidArgumentError(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-                "not be specified.")
+            raise InvalidArgumentError(_reserved_message(request.protocol))
         else:
             user[key] = value
     request.parameters = user
@@ -63,13 +64,24 @@ def check_outputs(request: InferenceRequest) -> None:
             if o.name in seen:
                 raise InvalidArgumentError(f"output '{o.name}' already exists in request")
             seen.add(o.name)
+    classes: dict[str, int] = {}
     for o in outputs:
         params = o.parameters
-        if not params:
+        if not params or classification.PARAMETER not in params:
             continue
-        if params.get("classification"):
-            raise UnsupportedError(
-                f"output '{o.name}': the classification extension is not supported by this server")
+        k = classification.parse_count(o.name, params[classification.PARAMETER], request.protocol)
+        o.parameters = {key: v for key, v in params.items() if key != classification.PARAMETER}
+        if k:
+            classes[o.name] = k
+    request.classification = classes or None
+
+
+def _reserved_message(protocol: str) -> str:
+    if protocol == "grpc":  # gRPC lets the client set the one key it knows
+        return ("parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                f"following keys starting with 'triton_' are allowed: {EMPTY_FINAL_RESPONSE}")
+    return ("parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+            "be specified.")
 
 
 def _unsigned(value: Any) -> bool:

@@ -56,7 +56,12 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         responses, failure = None, exc
     finally:
         supervise.done(executing)
-    infer_ns, input_ns = time.perf_counter_ns() - called, called - start
+    returned = time.perf_counter_ns()
+    infer_ns, input_ns = returned - called, called - start
+    if model.tracing:  # a sampled request may be in this batch (host.trace)
+        for r in requests:
+            if r.trace is not None:
+                r.trace.compute(start, called, returned)
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
     report = getattr(slot.instance, "reported_statistics", None)
     reported = report() if report is not None else None
@@ -96,6 +101,7 @@ class DirectScheduler:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
         self._free: queue.SimpleQueue[InstanceSlot] = queue.SimpleQueue()
+        self._slots = len(slots)
         for slot in slots:
             self._free.put(slot)
 
@@ -124,6 +130,12 @@ class DirectScheduler:
                 if request.is_cancelled():
                     _fail([request], CancelledError("request was cancelled"))
                     return None
+
+    def pending(self) -> int:
+        """Requests waiting for a free instance (nv_inference_pending_request_count): those in
+        flight beyond the instances busy with one (counted at scrape time, not per request)."""
+        busy = self._slots - self._free.qsize()
+        return max(0, self.model.inflight - busy)
 
     def stop(self) -> None:
         """Nothing runs on its own threads."""
@@ -219,6 +231,10 @@ class DynamicBatcher:
                 return batch
         finally:
             _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
+
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
+        return len(self._queue)
 
     def stop(self) -> None:
         with self._cond:

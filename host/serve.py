@@ -14,6 +14,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.glogging import Logger as GunicornLogger
 
 from host.options import ServerOptions
 from host.supervise import Supervisor, restore
@@ -26,6 +27,17 @@ class _GracefulArbiter(Arbiter):
 
     def handle_int(self) -> None:
         self.handle_term()
+
+
+class _ServerLog(GunicornLogger):
+    """gunicorn's own messages go through the server's log (host.logsettings): Triton's format,
+    the --log-file, the level switches."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in list(self.error_log.handlers):
+            self.error_log.removeHandler(handler)
+        self.error_log.propagate = True
 
 
 class ServerApplication(BaseApplication):
@@ -57,6 +69,7 @@ class ServerApplication(BaseApplication):
             "child_exit": self.supervisor.child_exit,
             "on_exit": self.supervisor.on_exit,
             "proc_name": "modelhost",
+            "logger_class": _ServerLog,
             "control_socket_disable": True,  # several servers may run side by side
         }
         for key, value in settings.items():

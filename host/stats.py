@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from host.errors import CancelledError
+
+if TYPE_CHECKING:
+    from host.latency import LatencyRecorder
 
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
               "cache_hit", "cache_miss")
@@ -70,6 +73,8 @@ class ModelStats:
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
+        # Summaries and histograms (host.latency): None unless --metrics-config asks for them.
+        self.latency: LatencyRecorder | None = None
 
     # --- the events ----------------------------------------------------------------------------
     def request_done(self, ok: bool, total_ns: int, queue_ns: int, rows: int = 0,
@@ -87,6 +92,8 @@ class ModelStats:
                 q[0] += 1
                 q[1] += queue_ns
                 self.inference_count += rows
+            if self.latency is not None:
+                self.latency.success(total_ns, queue_ns)
         else:
             reason = failure_reason(error, rows > 0)
             with self._lock:
@@ -115,6 +122,9 @@ class ModelStats:
             b[0] += 1
             b[1] += input_ns
             b[2] += infer_ns
+        if self.latency is not None:
+            self.latency.observe("compute_input_duration", input_ns, requests)
+            self.latency.observe("compute_infer_duration", infer_ns, requests)
 
     def output_done(self, requests: int, batch_size: int, output_ns: int) -> None:
         """The responses of that execute were handed out, which took `output_ns`."""
@@ -123,6 +133,8 @@ class ModelStats:
             b = self._batches.get(batch_size)
             if b is not None:
                 b[3] += output_ns
+        if self.latency is not None:
+            self.latency.observe("compute_output_duration", output_ns, requests)
 
     def cache_hit(self, lookup_ns: int) -> None:
         """A response-cache hit: looking the response up and copying it out took `lookup_ns`.
@@ -131,6 +143,8 @@ class ModelStats:
             h = self._durations["cache_hit"]
             h[0] += 1
             h[1] += lookup_ns
+        if self.latency is not None:
+            self.latency.observe("cache_hit_duration", lookup_ns)
 
     def cache_miss(self, ns: int) -> None:
         """A response-cache miss: the lookup plus inserting the computed response took `ns`
@@ -139,6 +153,8 @@ class ModelStats:
             m = self._durations["cache_miss"]
             m[0] += 1
             m[1] += ns
+        if self.latency is not None:
+            self.latency.observe("cache_miss_duration", ns)
 
     # --- reading -------------------------------------------------------------------------------
     def failure_counts(self) -> dict[str, int]:

@@ -6,11 +6,11 @@ booting (a native backend that aborts in its load): restarting that one only rep
 for ever. The master and its worker share one small page (`Board`, an anonymous shared mapping
 made before the fork) on which the worker writes what it is doing:
 
-- `booted` once its models are loaded and it serves; while it boots, which model it is loading.
-  A worker that dies before `booted` makes the master exit with one message naming that model.
-- which models are executing (one slot per executing thread). A worker that dies while serving
-  is logged with them, then restarted; more than CRASH_LIMIT crashes within CRASH_WINDOW seconds
-  is a crash loop after all, and the master exits.
+- `booted` once its models are loaded and it serves. A worker that dies before `booted` makes
+  the master exit with one message naming the model(s) it was loading.
+- what each busy thread does (one slot per thread: "loading model 'm' version 1", "executing
+  model 'm'"). A worker that dies while serving is logged with that, then restarted; more than
+  CRASH_LIMIT crashes within CRASH_WINDOW seconds is a crash loop after all, and the master exits.
 - `exiting` once it leaves on purpose (shutdown, a front end that died): not a crash.
 
 What the new worker must restore is kept in a journal file (`Journal`): the models loaded
@@ -41,8 +41,7 @@ CRASH_WINDOW = 60.0
 _SLOT = 96  # bytes per text slot
 _SLOTS = 64  # executing-model slots
 _BOOTED, _EXITING = 0, 1  # flag bytes
-_DOING = 8  # offset of the "doing" text
-_EXECUTING = _DOING + _SLOT
+_EXECUTING = 8  # offset of the activity slots
 _SIZE = _EXECUTING + _SLOT * _SLOTS
 
 
@@ -58,23 +57,19 @@ class Board:
         self.page[:] = bytes(_SIZE)
 
     # --- worker side ---------------------------------------------------------------------------
-    def doing(self, text: str) -> None:
-        self._write(_DOING, text)
-
     def mark_booted(self) -> None:
         self.page[_BOOTED] = 1
-        self.doing("")
 
     def mark_exiting(self) -> None:
         self.page[_EXITING] = 1
 
-    def begin(self, model: str) -> int:
-        """A thread starts executing `model`; returns its slot (-1 when all are taken)."""
+    def begin(self, activity: str) -> int:
+        """A thread starts `activity`; returns its slot (-1 when all are taken)."""
         with self._lock:
             if not self._free:
                 return -1
             slot = self._free.pop()
-        self._write(_EXECUTING + slot * _SLOT, model)
+        self._write(_EXECUTING + slot * _SLOT, activity)
         return slot
 
     def end(self, slot: int) -> None:
@@ -97,10 +92,7 @@ class Board:
     def exiting(self) -> bool:
         return bool(self.page[_EXITING])
 
-    def what_it_was_doing(self) -> str:
-        return self._read(_DOING)
-
-    def executing(self) -> list[str]:
+    def activities(self) -> list[str]:
         names = (self._read(_EXECUTING + i * _SLOT) for i in range(_SLOTS))
         return sorted({n for n in names if n})
 
@@ -115,18 +107,17 @@ _board: Board | None = None
 
 def executing(model: str) -> int:
     """Note that this thread runs `model` (returns a token for `done`); free without a board."""
-    return _board.begin(model) if _board is not None else -1
+    return _board.begin(f"executing model '{model}'") if _board is not None else -1
+
+
+def loading(model: str, version: int) -> int:
+    """Note that this thread loads a model version (returns a token for `done`)."""
+    return _board.begin(f"loading model '{model}' version {version}") if _board is not None else -1
 
 
 def done(token: int) -> None:
     if token >= 0 and _board is not None:
         _board.end(token)
-
-
-def doing(text: str) -> None:
-    """What the worker does now (e.g. which model it loads), for the master's message if it dies."""
-    if _board is not None:
-        _board.doing(text)
 
 
 class Journal:
@@ -197,16 +188,15 @@ class Supervisor:
         if board.exiting:
             return  # it left on purpose
         if not board.booted:
-            doing = board.what_it_was_doing()
-            what = f" while {doing}" if doing else ""
+            doing = board.activities()
+            what = f" while {', '.join(doing)}" if doing else ""
             message = (f"the worker process died while starting{what}; not restarting it (a "
                        "native backend that crashes in its load would crash again). Fix or remove "
                        "that model, or start with --model-control-mode=explicit without it")
             log.critical(message)
             raise HaltServer(message, 1)
-        models = board.executing()
-        running = ("executing model " + ", ".join(f"'{m}'" for m in models)) if models \
-            else "executing no model"
+        doing = board.activities()
+        running = ", ".join(doing) if doing else "executing no model"
         now = time.monotonic()
         self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW] + [now]
         if len(self._crashes) > CRASH_LIMIT:
@@ -244,7 +234,6 @@ def restore(host: Any, journal: Journal) -> None:
     if journal.restored and host.options.model_control_mode == "explicit":
         for name, config in journal.models.items():
             try:
-                doing(f"loading model '{name}'")
                 host.load_model(name, config=config)
             except Exception as exc:  # noqa: BLE001 - one model's failure is that model's
                 log.error("could not reload model '%s' after the restart: %s", name, exc)
@@ -258,7 +247,6 @@ def restore(host: Any, journal: Journal) -> None:
                                            record["device_id"], record["byte_size"])
             except Exception as exc:  # noqa: BLE001 - the client may have removed its region
                 log.error("could not restore shared-memory region '%s': %s", name, exc)
-    doing("")
     host.journal = journal
     host.shm.on_change = _shm_recorder(journal)
 

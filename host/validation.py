@@ -37,8 +37,13 @@ class RequestRules:
         self.required = [n for n, r in self.inputs.items() if not r.optional]
 
     def check(self, request: InferenceRequest) -> None:
-        """Raise InvalidArgumentError for the first rule the request breaks; set its batch size."""
+        """Raise InvalidArgumentError for the first rule the request breaks; set its batch size.
+
+        Triton's order: the input count first (against required and total), then each input.
+        """
         inputs = request.inputs
+        if len(inputs) > len(self.inputs) or len(inputs) < len(self.required):
+            raise self._count_error(request)
         for name, tensor in inputs.items():
             rule = self.inputs.get(name)
             if rule is None:
@@ -48,18 +53,28 @@ class RequestRules:
                 raise InvalidArgumentError(
                     f"inference input '{name}' data-type is '{tensor.datatype}', but model "
                     f"'{self.model}' expects '{rule.datatype}'")
-        missing = [n for n in self.required if n not in inputs]
-        if missing:
-            raise InvalidArgumentError(
-                f"expected {len(self.required)} inputs but got {len(inputs)} inputs for model "
-                f"'{self.model}'. Got input(s) {_names(inputs)}, but missing required input(s) "
-                f"{_names(missing)}. Please provide all required input(s).")
+        if len(inputs) < len(self.inputs) and any(n not in inputs for n in self.required):
+            raise self._count_error(request)  # an optional input given in place of a required one
         batch = self._check_shapes(request)
         request.batch_size = batch
         for out in request.outputs:
             if out.name not in self.outputs:
                 raise InvalidArgumentError(
                     f"unexpected inference output '{out.name}' for model '{self.model}'")
+
+    def _count_error(self, request: InferenceRequest) -> InvalidArgumentError:
+        """Triton's words (core InferenceRequest::ValidateRequestInputs), lists included."""
+        inputs = request.inputs
+        missing = _names([n for n in self.required if n not in inputs])
+        got = _names(inputs) if inputs else "[]"
+        if len(self.required) == len(self.inputs):
+            expected = f"expected {len(self.inputs)} inputs"
+        else:
+            expected = f"expected number of inputs between {len(self.required)} and {len(self.inputs)}"
+        return InvalidArgumentError(
+            f"{request_tag(request)}{expected} but got {len(inputs)} inputs for model "
+            f"'{self.model}'. Got input(s) {got}, but missing required input(s) {missing}. "
+            "Please provide all required input(s).")
 
     def _check_shapes(self, request: InferenceRequest) -> int:
         batch = None
@@ -100,5 +115,12 @@ def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
+def request_tag(request: InferenceRequest) -> str:
+    """Triton's prefix of a request's errors: `[request id: <id>] `."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
 def _names(names) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+    """Triton's list: `['a','b']`; an empty list of missing inputs reads `]`, as in Triton."""
+    text = ",".join(f"'{n}'" for n in names)
+    return "[" + text + "]" if text else "]"

@@ -368,7 +368,7 @@ def test_none_mode_rejects_load_api(tmp_path):
     write_model(tmp_path, "m")
     host = make_host(tmp_path)
     host.start()
-    with pytest.raises(UnsupportedError):
+    with pytest.raises(UnavailableError, match="not allowed if polling is enabled"):
         host.load_model("m")
     host.stop()
 

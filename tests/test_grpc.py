@@ -494,19 +494,17 @@ def test_aio_client(endpoint: Endpoint) -> None:
     np.testing.assert_array_equal(asyncio.run(run()), np.full((1, 16), 2, np.int32))
 
 
-def test_trace_and_log_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_trace_settings, client.get_log_settings):
-        with _raises(grpc.StatusCode.UNIMPLEMENTED):
-            call()
+DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
 def test_shared_memory_is_off_unless_allowed(client: grpcclient.InferenceServerClient) -> None:
-    # status and unregister-all answer whatever the setting: clients call them unconditionally
+    # status answers whatever the setting; unregister is refused, as Triton refuses it
     assert not client.get_system_shared_memory_status().regions
     assert not client.get_cuda_shared_memory_status().regions
-    client.unregister_system_shared_memory()
-    client.unregister_cuda_shared_memory()
-    with _raises(grpc.StatusCode.UNIMPLEMENTED, "Client shared memory is disabled"):
+    for unregister in (client.unregister_system_shared_memory, client.unregister_cuda_shared_memory):
+        with _raises(grpc.StatusCode.UNIMPLEMENTED, DISABLED):
+            unregister()
+    with _raises(grpc.StatusCode.UNIMPLEMENTED, DISABLED):
         client.register_system_shared_memory("r", "/key", 16)
     assert "system_shared_memory" not in client.get_server_metadata().extensions
 
@@ -807,7 +805,8 @@ def test_repository_index_load_unload_in_explicit_mode() -> None:
 
 
 def test_load_unload_refused_without_explicit_mode(client: grpcclient.InferenceServerClient) -> None:
-    with _raises(grpc.StatusCode.UNIMPLEMENTED):
+    with _raises(grpc.StatusCode.UNAVAILABLE,
+                 "explicit model load / unload is not allowed if polling is enabled"):
         client.load_model("simple")
 
 

@@ -338,8 +338,8 @@ def test_repository_index(client):
 
 
 def test_load_unload_refused_in_mode_none(client):
-    assert "not allowed" in _error(client.simulate_post("/v2/repository/models/simple/load"), 501)
-    assert "not allowed" in _error(client.simulate_post("/v2/repository/models/simple/unload"), 501)
+    assert "not allowed if polling is enabled" in _error(client.simulate_post("/v2/repository/models/simple/load"), 503)
+    assert "not allowed if polling is enabled" in _error(client.simulate_post("/v2/repository/models/simple/unload"), 503)
 
 
 @pytest.fixture(scope="module")

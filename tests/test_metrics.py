@@ -41,6 +41,9 @@ INFERENCE_FAMILIES = [
 CACHE_FAMILIES = ["nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model",
                   "nv_cache_hit_duration_per_model", "nv_cache_miss_duration_per_model"]
 REASONS = ["REJECTED", "CANCELED", "BACKEND", "OTHER"]
+# Gauges: per model, and of the machine (tests/test_observability_metrics.py checks their values).
+GAUGE_FAMILIES = ["nv_inference_pending_request_count", "nv_model_load_duration_secs"]
+CPU_FAMILIES = ["nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"]
 
 
 class Stack:
@@ -131,9 +134,13 @@ def test_families_have_tritons_names_types_and_labels(stack):
     for name in CACHE_FAMILIES:
         assert {s.labels["model"] for s in families[name].samples} == cached if cached else (
             name not in families)
-    samples = [line.split("{")[0] for line in text.splitlines() if line and not line.startswith("#")]
-    assert set(samples) == set(INFERENCE_FAMILIES) | (set(CACHE_FAMILIES) if cached else set())
-    assert "_total" not in text
+    samples = [line.split("{")[0].split(" ")[0] for line in text.splitlines()
+               if line and not line.startswith("#")]
+    assert set(samples) == (set(INFERENCE_FAMILIES) | set(GAUGE_FAMILIES) | set(CPU_FAMILIES)
+                            | (set(CACHE_FAMILIES) if cached else set()))
+    for name in GAUGE_FAMILIES + CPU_FAMILIES:
+        assert families[name].type == "gauge", name
+    assert "_total " not in text and "_total{" not in text
 
 
 # --- counters move by the right amounts ------------------------------------------------------------
@@ -254,7 +261,7 @@ def test_request_rejected_before_scheduling_is_not_counted(stack, client):
         return [line for line in scrape_text(stack).splitlines() if 'model="simple"' in line]
 
     before = simple_lines()
-    assert len(before) == len(INFERENCE_FAMILIES) - 1 + len(REASONS)
+    assert len(before) == len(INFERENCE_FAMILIES) - 1 + len(REASONS) + len(GAUGE_FAMILIES)
     inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
               httpclient.InferInput("INPUT1", [1, 16], "INT32")]
     inputs[0].set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))

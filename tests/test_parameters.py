@@ -34,7 +34,8 @@ def test_string_sequence_id_is_accepted():
     ({"priority": -1}, "Unable to parse 'priority'"),
     ({"timeout": 1.5}, "Unable to parse 'timeout'"),
     ({"sequence_id": 1.5}, "Unable to parse 'sequence_id'"),
-    ({"triton_enable_empty_final_response": 1}, "Unable to parse 'triton_enable_empty_final_response'"),
+    ({"triton_enable_empty_final_response": 1},
+     "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."),
 ])
 def test_bad_reserved_parameters(params, message):
     with pytest.raises(InvalidArgumentError, match=message):
@@ -43,7 +44,7 @@ def test_bad_reserved_parameters(params, message):
 
 @pytest.mark.parametrize("outputs, error, message", [
     ([("A", {}), ("A", {})], InvalidArgumentError, "output 'A' already exists in request"),
-    ([("A", {"classification": 3})], UnsupportedError, "classification extension is not supported"),
+    ([("A", {"classification": -1})], InvalidArgumentError, "Unable to set 'classification'"),
 ])
 def test_requested_outputs_are_judged_by_the_host(outputs, error, message):
     r = req()

@@ -231,17 +231,23 @@ def _mapped_keys(server) -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("key, message", [
-    ("/does_not_exist_mh", "Unable to open shared memory region: '/does_not_exist_mh'"),
-    ("/../../etc/passwd", "Unable to open shared memory region"),
-    ("../etc/passwd", "Unable to open shared memory region"),
-    ("/a/b", "Unable to open shared memory region"),
-    ("/..", "Unable to open shared memory region"),
-    ("", "Unable to open shared memory region"),
+@pytest.mark.parametrize("key, message, status", [  # Triton's answers (shared_memory_manager.cc)
+    ("/does_not_exist_mh", "Unable to open shared memory region: '/does_not_exist_mh'", "500"),
+    ("/../../etc/passwd", "Unable to open shared memory region", "500"),
+    ("../etc/passwd", "Unable to open shared memory region", "500"),
+    ("/a/b", "Unable to open shared memory region", "500"),
+    ("/..", "Unable to open shared memory region", "500"),
+    ("", "cannot register shared memory region 'bad' - invalid shm key ''", "400"),
+    ("///", "cannot register shared memory region 'bad' - invalid shm key '///'", "400"),
+    ("/triton_python_backend_shm_region_x",
+     "cannot register shared memory region 'bad' with key '/triton_python_backend_shm_region_x' as "
+     "the key contains the reserved prefix 'triton_python_backend_shm_region_'", "400"),
 ])
-def test_bad_keys_are_refused(server, protocol, key, message) -> None:
+def test_bad_keys_are_refused(server, protocol, key, message, status) -> None:
     client, _ = _client(server, protocol)
-    _expect_error(lambda: client.register_system_shared_memory("bad", key, 16), message)
+    grpc_status = {"500": "StatusCode.INTERNAL", "400": "StatusCode.INVALID_ARGUMENT"}[status]
+    _expect_error(lambda: client.register_system_shared_memory("bad", key, 16), message,
+                  status if protocol == "http" else grpc_status)
     assert client.is_server_live()
 
 
@@ -265,7 +271,8 @@ def test_region_bigger_than_the_object_is_refused(server, protocol, regions) -> 
     for offset, size in ((0, 65), (60, 8), (2**63, 8)):
         _expect_error(lambda: client.register_system_shared_memory(region.name, region.key, size,
                                                                    offset=offset),
-                      f"Invalid shared memory region: '{region.key}'")
+                      f"failed to register shared memory region '{region.name}': invalid args",
+                      "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     assert region.path.stat().st_size == 64  # never resized
 
 
@@ -288,6 +295,8 @@ def _grpc_infer(server, params: dict, contents: list[float] | None = None,
     for key, value in params.items():
         if isinstance(value, str):
             tensor.parameters[key].string_param = value
+        elif value > 2**63 - 1:
+            tensor.parameters[key].uint64_param = value
         else:
             tensor.parameters[key].int64_param = value
     if contents:
@@ -323,10 +332,15 @@ INFER_ERRORS = [  # (input parameters, requested-output parameters, status, mess
      "Unable to find shared memory region: 'nope'"),
     ({"shared_memory_region": "{r}", "shared_memory_byte_size": 16, "shared_memory_offset": 65}, None, 400,
      "Invalid offset for shared memory region: '{r}'"),
+    ({"shared_memory_region": "{r}", "shared_memory_byte_size": 0, "shared_memory_offset": 64}, None, 400,
+     "Invalid offset for shared memory region: '{r}'"),  # an offset must fall inside the region
     ({"shared_memory_region": "{r}", "shared_memory_byte_size": 16, "shared_memory_offset": 56}, None, 400,
      "Invalid offset + byte size for shared memory region: '{r}'"),
     ({"shared_memory_region": "{r}", "shared_memory_byte_size": 2**63 - 1, "shared_memory_offset": 8}, None,
      400, "Invalid offset + byte size for shared memory region: '{r}'"),  # would wrap in int64
+    ({"shared_memory_region": "{r}", "shared_memory_byte_size": 2**64 - 8, "shared_memory_offset": 8}, None,
+     400, "Integer overflow detected: byte_size (18446744073709551608) + offset (8) exceeds maximum value "
+          "(18446744073709551615) for region '{r}'"),
     ({"shared_memory_region": "{r}", "shared_memory_byte_size": 12}, None, 400,
      "input byte size mismatch for input 'IN_FP32' for model 'identity_all'. Expected 16, got 12"),
     ({"shared_memory_region": "{r}", "shared_memory_byte_size": 16},
@@ -429,11 +443,16 @@ def test_unregister_during_a_request_keeps_its_memory_valid(server, protocol, re
     thread.start()
     wait_until(lambda: (tmp_path / "started").exists(), timeout=30, message="request never started")
     client.unregister_system_shared_memory(region.name)
-    status = client.get_system_shared_memory_status()
-    assert region.name not in (str(status) if protocol == "grpc" else json.dumps(status))
+
+    def listed() -> bool:
+        status = client.get_system_shared_memory_status()
+        return region.name in (str(status) if protocol == "grpc" else json.dumps(status))
+
+    assert listed()  # as in Triton: listed until the last request using it finishes
     (tmp_path / "release").touch()
     thread.join(30)
     assert "error" not in got, str(got.get("error"))
+    assert not listed()
     assert np.frombuffer(region.read(32, 16), np.float32).tolist() == data.tolist()
     # a new request cannot use the unregistered name
     _expect_error(lambda: client.infer("gated_identity", [tensor]),
@@ -462,10 +481,14 @@ def test_disabled_by_default(tmp_path, regions) -> None:
         http = httpclient.InferenceServerClient(s.url)
         assert "system_shared_memory" not in http.get_server_metadata()["extensions"]
         assert http.get_system_shared_memory_status() == []
-        http.unregister_system_shared_memory()
-        http.unregister_cuda_shared_memory()
-        _expect_error(lambda: http.register_system_shared_memory("x", region.key, 16),
-                      "Client shared memory is disabled", "501")
+        disabled = ("Client shared memory is disabled. Start the server with "
+                    "'--allow-client-shm=true' to enable.")
+        _expect_error(lambda: http.unregister_system_shared_memory(), disabled, "501")
+        _expect_error(lambda: http.unregister_cuda_shared_memory("y"), disabled, "501")
+        _expect_error(lambda: http.register_system_shared_memory("x", region.key, 16), disabled, "501")
+        grpc_client = grpcclient.InferenceServerClient(s.grpc_url)
+        _expect_error(lambda: grpc_client.unregister_system_shared_memory(), disabled,
+                      "StatusCode.UNIMPLEMENTED")
         tensor = httpclient.InferInput("IN_UINT8", [4], "UINT8")
         tensor.set_shared_memory("x", 4)
         _expect_error(lambda: http.infer("identity_all", [tensor]),
@@ -485,7 +508,8 @@ def test_cuda_extension_without_a_gpu_says_so(server, protocol) -> None:
     assert not (status if protocol == "http" else status.regions)
     handle = base64.b64encode(b"\0" * 64) if protocol == "http" else b"\0" * 64
     _expect_error(lambda: client.register_cuda_shared_memory("c", handle, 0, 64),
-                  "CUDA shared memory is not available on this server")
+                  "failed to register shared memory region: invalid args",
+                  "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
 
 
 def test_os_never_sees_a_truncate(server, regions) -> None:

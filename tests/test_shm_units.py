@@ -86,7 +86,8 @@ def test_registry_rules(region) -> None:
     with pytest.raises(AlreadyExistsError, match="shared memory region 'r' already in manager"):
         manager.register_system("r", key, 0, 16)
     for offset, size in ((0, 257), (250, 7), (2**64 - 1, 1)):
-        with pytest.raises(InvalidArgumentError, match="Invalid shared memory region"):
+        with pytest.raises(InvalidArgumentError,
+                           match="failed to register shared memory region 's': invalid args"):
             manager.register_system("s", key, offset, size)
     for bad in (-1, 2**64, "1", 1.0, None):
         with pytest.raises(InvalidArgumentError):

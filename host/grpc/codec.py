@@ -221,7 +221,8 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     params = msg.parameters
     request = InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
                                id=msg.id, inputs=inputs, outputs=outputs,
-                               parameters=parameters_to_dict(params) if params else {})
+                               parameters=parameters_to_dict(params) if params else {},
+                               protocol="grpc")
     request.uses_shm = uses_shm
     return request
 
@@ -414,3 +415,64 @@ def unload_dependents(params: Any) -> bool:
 def check_repository_name(name: str) -> None:
     if name:
         raise UnsupportedError("'repository_name' specification is not supported")
+
+
+# --- trace and logging extensions -------------------------------------------------------------
+
+def trace_changes(settings: Any) -> dict[str, Any]:
+    """TraceSettingRequest.settings -> the host's changes: no value clears a setting, trace_level
+    takes a list, every other setting exactly one value (Triton's rule)."""
+    changes: dict[str, Any] = {}
+    for key, setting in settings.items():
+        values = list(setting.value)
+        if not values:
+            changes[key] = None
+        elif key == "trace_level":
+            changes[key] = values
+        elif key in ("trace_rate", "trace_count", "log_frequency") and len(values) != 1:
+            raise InvalidArgumentError(f"expect only 1 value for '{key}'")
+        else:
+            changes[key] = values[0] if key != "trace_file" else values
+    return changes
+
+
+def trace_setting(setting: dict[str, Any]) -> Any:
+    response = pb.TraceSettingResponse()
+    for key, value in setting.items():
+        response.settings[key].value.extend(value if isinstance(value, list) else [value])
+    return response
+
+
+_LOG_KINDS = {"log_info": "bool_param", "log_warning": "bool_param", "log_error": "bool_param",
+              "log_verbose_level": "uint32_param", "log_format": "string_param"}
+_LOG_EXPECT = {"bool_param": "boolean", "uint32_param": "int32", "string_param": "string"}
+
+
+def log_changes(settings: Any) -> dict[str, Any]:
+    """LogSettingsRequest.settings -> the host's changes, each of the type Triton expects."""
+    changes: dict[str, Any] = {}
+    for key, setting in settings.items():
+        chosen = setting.WhichOneof("parameter_choice")
+        if key == "log_file":
+            changes[key] = getattr(setting, chosen) if chosen else ""  # refused by the host
+            continue
+        kind = _LOG_KINDS.get(key)
+        if kind is None:
+            continue
+        if chosen != kind:
+            raise InvalidArgumentError(f"expect {_LOG_EXPECT[kind]} for '{key}'")
+        changes[key] = getattr(setting, kind)
+    return changes
+
+
+def log_settings(settings: dict[str, Any]) -> Any:
+    response = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        entry = response.settings[key]
+        if type(value) is bool:
+            entry.bool_param = value
+        elif type(value) is int:
+            entry.uint32_param = value
+        else:
+            entry.string_param = value
+    return response

@@ -81,10 +81,12 @@ def _error_status(exc: BaseException) -> tuple[int, bytes]:
 class _UnaryCall:
     """One unary call: receive the request, run the method, send response and status."""
 
-    __slots__ = ("call", "method", "parse", "cancelled", "callbacks")
+    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata")
 
-    def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any]) -> None:
+    def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any],
+                 metadata: Any = ()) -> None:
         self.call = call
+        self.metadata = metadata  # the client's (key, value) pairs
         self.method = method
         self.parse = parse
         self.cancelled = False
@@ -152,8 +154,9 @@ class _Status(Exception):
 class _StreamCall:
     """ModelStreamInfer's transport: reads requests one by one, writes responses one by one."""
 
-    def __init__(self, call: Any, servicer: Servicer) -> None:
+    def __init__(self, call: Any, servicer: Servicer, metadata: Any = ()) -> None:
         self.call = call
+        self.metadata = metadata  # the client's (key, value) pairs
         self._lock = threading.Lock()
         self._queue: collections.deque[bytes] = collections.deque()
         self._sending = False
@@ -422,9 +425,9 @@ class GrpcServer:
                 return
         entry = self._unary.get(path)
         if entry is not None:
-            _UnaryCall(event.call, entry[0], entry[1])
+            _UnaryCall(event.call, entry[0], entry[1], event.invocation_metadata)
         elif path == self._stream_path:
-            _StreamCall(event.call, self._servicer)
+            _StreamCall(event.call, self._servicer, event.invocation_metadata)
         else:
             event.call.start_server_batch(
                 (_SendMetadata(None, _NO_FLAGS), _ReceiveClose(_NO_FLAGS),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from host.errors import UnsupportedError
 from host.grpc import codec
 from host.grpc.stream import Stream, Writer
 from host.proto import grpc_service_pb2 as pb
@@ -29,17 +28,14 @@ class Call(Protocol):
     def finish(self, response: Any) -> None:
         """Answer a call whose method returned DEFERRED: a message, or an exception."""
 
-
-def _unimplemented(what: str) -> Callable[[Any, Any, Call], Any]:
-    def call(self: Servicer, request: Any, context: Call) -> Any:
-        raise UnsupportedError(f"{what} is not supported by this server")
-
-    return call
+    # The client's metadata: (key, value) pairs (header forwarding reads it).
+    metadata: Any
 
 
 class Servicer:
     def __init__(self, host: Any) -> None:
         self.host = host
+        self.forward = getattr(host, "grpc_header_forwarder", None)  # or None: nothing to do
 
     # --- health ----------------------------------------------------------------------------
     def ServerLive(self, request: Any, call: Call) -> Any:
@@ -73,6 +69,8 @@ class Servicer:
     # --- inference -------------------------------------------------------------------------
     def ModelInfer(self, request: Any, call: Call) -> Any:
         infer_request = codec.decode_infer_request(request)
+        if self.forward is not None:
+            self.forward.apply(infer_request, call.metadata)
         call.add_cancel_callback(infer_request.cancel)
         request_id = request.id
 
@@ -87,7 +85,7 @@ class Servicer:
         return DEFERRED
 
     def ModelStreamInfer(self, writer: Writer) -> Stream:
-        return Stream(self.host, writer)
+        return Stream(self.host, writer, self.forward)
 
     # --- repository ------------------------------------------------------------------------
     def RepositoryIndex(self, request: Any, call: Call) -> Any:
@@ -138,6 +136,10 @@ class Servicer:
         self.host.shm.unregister(request.name, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # --- declared, not implemented yet (UNIMPLEMENTED) -------------------------------------
-    TraceSetting = _unimplemented("trace settings")
-    LogSettings = _unimplemented("log settings")
+    # --- trace and logging extensions ------------------------------------------------------
+    def TraceSetting(self, request: Any, call: Call) -> Any:
+        changes = codec.trace_changes(request.settings)
+        return codec.trace_setting(self.host.trace_setting(request.model_name, changes))
+
+    def LogSettings(self, request: Any, call: Call) -> Any:
+        return codec.log_settings(self.host.log_settings(codec.log_changes(request.settings)))

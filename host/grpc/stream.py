@@ -65,9 +65,10 @@ class Ticket:
 
 
 class Stream:
-    def __init__(self, host: Any, writer: Writer) -> None:
+    def __init__(self, host: Any, writer: Writer, forward: Any = None) -> None:
         self.host = host
         self.writer = writer
+        self.forward = forward  # host.headers.HeaderForwarder, or None
         self._lock = threading.Lock()
         self._inflight: dict[int, InferenceRequest] = {}  # by id(): requests are not hashable
         self._pending = 0  # requests admitted and not finished yet
@@ -95,6 +96,8 @@ class Stream:
         request = None
         try:
             request = codec.decode_infer_request(msg)
+            if self.forward is not None:
+                self.forward.apply(request, getattr(self.writer, "metadata", ()))
             empty_final = request.parameters.get(EMPTY_FINAL_RESPONSE) is True
             callback = self._callback(request, msg, slot, ticket.decoupled, empty_final)
             with self._lock:

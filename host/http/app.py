@@ -18,6 +18,7 @@ import orjson
 from host.config import config_to_json
 from host.core import Host
 from host.errors import Code, HostError, InternalError, InvalidArgumentError
+from host.headers import wsgi_headers
 from host.http import body, codec, generate
 from host.http.status import error_body, status_line
 from host.inference import InferenceRequest, InferenceResponse
@@ -54,9 +55,8 @@ class _Resource:
     def env_body(self, env: dict[str, Any]) -> bytes:
         """The request body from the WSGI environ, size-limited and decompressed."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        data = body.read(env["wsgi.input"], _content_length(env), chunked, self.max_input_size)
-        encoding = env.get("HTTP_CONTENT_ENCODING")
-        return body.decode(data, encoding, self.max_input_size) if encoding else data
+        return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
+                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"))
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""
@@ -103,6 +103,11 @@ class Model(_Resource):
 
 
 class Infer(_Resource):
+    def __init__(self, host: Host, max_input_size: int) -> None:
+        super().__init__(host, max_input_size)
+        # --http-header-forward-pattern (host.headers), or None
+        self.forward = getattr(host, "http_header_forwarder", None)
+
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
         headers, resp.data = self.answer(req.env, model, _version(version))
         for name, value in headers:
@@ -115,6 +120,8 @@ class Infer(_Resource):
         header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
         request, fmt = codec.decode_infer_request(data, header_length, model,
                                                   int(version) if version else -1)
+        if self.forward is not None:
+            self.forward.apply(request, wsgi_headers(env))
         response = self.host.infer(request)
         out, json_length = codec.encode_infer_response(response, fmt, request.id)
         if json_length is None:
@@ -321,6 +328,54 @@ class SharedMemory(_Resource):
         resp.content_type = JSON
 
 
+class Trace(_Resource):
+    """/v2/trace/setting and /v2/models/{model}/trace/setting (Triton's trace extension)."""
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+        _json(resp, self.host.trace_setting(model))
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, model: str = "") -> None:
+        doc = self.json_body(req)
+        changes: dict[str, Any] = {}
+        for key, value in doc.items():
+            # TritonJson's texts (Triton answers these with 500; a client's mistake is a 400 here)
+            if key == "trace_level" and value is not None:
+                if not isinstance(value, list):
+                    raise InvalidArgumentError("attempt to access JSON non-array as array")
+                if not all(type(v) is str for v in value):
+                    raise InvalidArgumentError("attempt to access JSON non-string as string")
+            elif key in ("trace_rate", "trace_count", "log_frequency") and value is not None:
+                if type(value) is not str:
+                    raise InvalidArgumentError("attempt to access JSON non-string as string")
+            changes[key] = value
+        _json(resp, self.host.trace_setting(model, changes))
+
+
+class Logging(_Resource):
+    """/v2/logging (Triton's logging extension); a null value leaves that setting as it is."""
+
+    _TYPES = {"log_info": bool, "log_warning": bool, "log_error": bool, "log_verbose_level": int,
+              "log_format": str}
+    # TritonJson's texts (Triton answers these with 500; a client's mistake is a 400 here)
+    _TYPE_ERRORS = {bool: "attempt to access JSON non-boolean as boolean",
+                    int: "attempt to access JSON non-unsigned-integer as unsigned-integer",
+                    str: "attempt to access JSON non-string as string"}
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _json(resp, self.host.log_settings())
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        changes: dict[str, Any] = {}
+        for key, value in self.json_body(req).items():
+            if value is None:
+                continue
+            kind = self._TYPES.get(key)
+            if kind is not None and (type(value) is not kind or (kind is int and value < 0)):
+                raise InvalidArgumentError(self._TYPE_ERRORS[kind])
+            changes[key] = value
+        _json(resp, self.host.log_settings(changes))
+
+
 def _field(doc: dict[str, Any], key: str) -> Any:
     if key not in doc:
         raise InvalidArgumentError(f"Shared memory register request has no '{key}' field")
@@ -435,6 +490,10 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
         app.add_route(prefix + "/region/{name}/register", shm, suffix="register")
         app.add_route(prefix + "/unregister", shm, suffix="unregister")
         app.add_route(prefix + "/region/{name}/unregister", shm, suffix="unregister")
+    trace = Trace(host, max_input_size)
+    app.add_route("/v2/trace/setting", trace)
+    app.add_route("/v2/models/{model}/trace/setting", trace)
+    app.add_route("/v2/logging", Logging(host, max_input_size))
     app.add_route("/v2/repository/index", repo, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)

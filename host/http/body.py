@@ -7,6 +7,7 @@ with the best of identity/deflate/gzip named in Accept-Encoding (q-values honour
 
 from __future__ import annotations
 
+import io
 import zlib
 from typing import BinaryIO
 
@@ -48,29 +49,86 @@ def read(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int
     return data
 
 
-def decode(data: bytes, content_encoding: str | None, limit: int) -> bytes:
-    """Undo a `gzip` or `deflate` Content-Encoding; the decompressed size is limited too."""
+_CHUNK = 1 << 16
+
+
+def read_decoded(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int,
+                 content_encoding: str | None) -> bytes:
+    """The request body with its Content-Encoding undone, decompressed as it is read.
+
+    Neither the compressed body nor its decompressed size may pass `limit`; the decompressed
+    bound holds while decompressing (zlib is never asked for more than the bytes still allowed),
+    so a small body that inflates hugely is refused without being inflated.
+    """
+    encoding = _encoding(content_encoding)
+    if encoding is None:
+        return read(stream, content_length, chunked, limit)
+    if content_length is not None and content_length > limit:
+        raise too_large(content_length, limit)
+    if content_length is None and not chunked:
+        return b""
+    return _inflate(stream, content_length, limit, encoding, compressed_limit=limit)
+
+
+def _inflate(stream: BinaryIO, content_length: int | None, limit: int, encoding: str,
+             compressed_limit: int | None = None) -> bytes:
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+    out = bytearray()
+    remaining = content_length
+    received = 0
+    while remaining is None or remaining > 0:
+        chunk = stream.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
+        if not chunk:
+            if remaining:
+                raise InvalidArgumentError(
+                    f"request body ended after {received} of the {content_length} bytes "
+                    "its Content-Length announced")
+            break
+        received += len(chunk)
+        if remaining is not None:
+            remaining -= len(chunk)
+        elif compressed_limit is not None and received > compressed_limit:
+            raise InvalidArgumentError(
+                f"request body exceeds the maximum allowed input size of {compressed_limit} bytes. "
+                f"{LIMIT_HINT}")
+        if inflater.eof:
+            continue  # bytes after the end of the compressed stream: read, then ignored
+        try:
+            out += inflater.decompress(chunk, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise InvalidArgumentError(
+                f"failed to decompress the {encoding} request body: {exc}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise _decompressed_too_large(limit)
+    if received and not inflater.eof:
+        raise InvalidArgumentError(f"failed to decompress the {encoding} request body: truncated data")
+    return bytes(out)
+
+
+def _encoding(content_encoding: str | None) -> str | None:
+    """`gzip`, `deflate` or None (identity); anything else is Triton's UNSUPPORTED."""
     if not content_encoding:
-        return data
+        return None
     encoding = content_encoding.strip().lower()
     if encoding == "identity":
-        return data
+        return None
     if encoding not in ("gzip", "deflate"):
         raise UnsupportedError(UNSUPPORTED_ENCODING)
-    if not data:
+    return encoding
+
+
+def _decompressed_too_large(limit: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. {LIMIT_HINT}")
+
+
+def decode(data: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo a `gzip` or `deflate` Content-Encoding of a body already read; the decompressed
+    size is bounded by `limit` (the compressed one by the caller)."""
+    encoding = _encoding(content_encoding)
+    if encoding is None or not data:
         return data
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise InvalidArgumentError(f"failed to decompress the {encoding} request body: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise InvalidArgumentError(
-            f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
-            f"{LIMIT_HINT}")
-    if not inflater.eof:
-        raise InvalidArgumentError(f"failed to decompress the {encoding} request body: truncated data")
-    return out
+    return _inflate(io.BytesIO(data), len(data), limit, encoding)
 
 
 def response_encoding(accept_encoding: str | None) -> str | None:

@@ -12,14 +12,16 @@ against its config) is the host's business.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import orjson
 
-from host import datatypes
-from host.errors import InternalError, InvalidArgumentError, UnsupportedError
+from host import datatypes, raw_input
+from host.errors import HostError, InternalError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.shm.tensors import mentions_shm
 
@@ -49,11 +51,58 @@ def load_json(buf: bytes | memoryview) -> Any:
     try:
         return orjson.loads(buf)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+        error = exc
+    # What orjson refuses but Triton's parser (rapidjson, kParseNanAndInfFlag, no encoding
+    # validation) takes: NaN / Infinity / -Infinity, and strings holding bytes that are not
+    # UTF-8 (kept byte for byte through `surrogateescape`; see `_utf8`).
+    text = bytes(buf).decode("utf-8", "surrogateescape")
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    except RecursionError:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
+    try:  # rapidjson's other spellings: Inf, -Inf, -NaN (outside strings only)
+        return json.loads(_RAPIDJSON_WORDS.sub(_python_word, text))
+    except (ValueError, RecursionError):
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
 
 
-def dump_json(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=_JSON_OPTS, default=_json_default)
+# A JSON string (kept as it is), or a bare Inf / -Inf / -NaN that Python's json does not know.
+_RAPIDJSON_WORDS = re.compile(r'"(?:[^"\\]|\\.)*"|-?Inf(?!inity)|-NaN')
+
+
+def _python_word(match: re.Match) -> str:
+    word = match.group(0)
+    if word.startswith('"'):
+        return word
+    return {"Inf": "Infinity", "-Inf": "-Infinity", "-NaN": "NaN"}[word]
+
+
+def dump_json(obj: Any, exact: bool = False) -> bytes:
+    """JSON bytes; `exact` (or a string orjson refuses) takes the path that writes NaN and
+    Infinity, and string bytes that are not UTF-8, as Triton writes them."""
+    if not exact:
+        try:
+            return orjson.dumps(obj, option=_JSON_OPTS, default=_json_default)
+        except orjson.JSONEncodeError as exc:
+            if isinstance(exc.__cause__, HostError):
+                raise exc.__cause__ from None
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=True, separators=(",", ":"),
+                      default=_json_default)
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _utf8(text: str) -> bytes:
+    """The bytes of a JSON string: undoes `surrogateescape`, so bytes that were not UTF-8 on
+    the way in come out as they were; a lone surrogate written as an escape is encoded as is."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "surrogatepass")
 
 
 def _json_default(obj: Any) -> Any:
@@ -94,7 +143,7 @@ def json_values(name: str, datatype: str, data: list, what: str = "input") -> np
             if type(value) is not str:
                 raise InvalidArgumentError(
                     f"Unable to parse 'data' of {what} '{name}': BYTES elements must be strings")
-            items.append(value.encode("utf-8"))
+            items.append(_utf8(value))
         return datatypes.bytes_array(items, (len(items),))
     if datatype in _NOT_IN_JSON:
         raise InvalidArgumentError(
@@ -159,9 +208,19 @@ def json_to_array(name: str, datatype: str, data: Any, shape: list[int]) -> np.n
 
 
 def _text(value: Any) -> str:
+    """A BYTES element as JSON text; bytes that are not UTF-8 are carried through
+    `surrogateescape` and written back as the raw bytes (Triton writes them unchanged)."""
     if isinstance(value, (bytes, bytearray)):
-        return value.decode("utf-8", "replace")
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.decode("utf-8", "surrogateescape")
     return value if isinstance(value, str) else str(value)
+
+
+def _non_finite(data: Any) -> bool:
+    """Whether JSON float data holds NaN or an infinity (orjson would write them as null)."""
+    return isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all()
 
 
 def output_array(t: Tensor) -> np.ndarray:
@@ -203,11 +262,7 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
     if n < 0 or n > body_length:
         raise InvalidArgumentError(
             f"inference header size should be in range (0, {body_length}), got: {value}")
-    if n == 0:
-        raise UnsupportedError(
-            f"raw binary requests ({HEADER_LENGTH}: 0) are not supported; send a JSON "
-            "inference header")
-    return n
+    return n  # 0: a raw binary request (the whole body is the model's one input)
 
 
 def _nonneg_int(value: Any) -> bool:
@@ -353,6 +408,8 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
 def decode_infer_request(body: bytes | memoryview, header_length: int | None, model_name: str,
                          model_version: int = -1) -> tuple[InferenceRequest, OutputFormat]:
     """Decode an infer request body; `header_length` from `Inference-Header-Content-Length`."""
+    if header_length == 0:
+        return _raw_request(body, model_name, model_version)
     view = memoryview(body)
     end = len(view) if header_length is None else header_length
     doc = load_json(view[:end])
@@ -377,9 +434,20 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
     outputs, binary = _requested_outputs(doc.get("outputs"))
     request = InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
-                               inputs=inputs, outputs=outputs, parameters=parameters)
+                               inputs=inputs, outputs=outputs, parameters=parameters,
+                               protocol="http")
     request.uses_shm = _uses_shm(request)
     return request, OutputFormat(default_binary, binary)
+
+
+def _raw_request(body: bytes | memoryview, model_name: str,
+                 model_version: int) -> tuple[InferenceRequest, OutputFormat]:
+    """A raw binary request: the body is the one input; every output goes back in binary.
+    The host gives the input its name, datatype and shape (host.raw_input)."""
+    raw = Tensor(raw_input.NAME, "", [len(body)], np.frombuffer(body, np.uint8))  # a view
+    request = InferenceRequest(model_name=model_name, model_version=model_version,
+                               inputs={raw_input.NAME: raw}, protocol="http", raw_input=True)
+    return request, OutputFormat(default_binary=True)
 
 
 def _uses_shm(request: InferenceRequest) -> bool:
@@ -402,6 +470,7 @@ def encode_infer_response(response: InferenceResponse, fmt: OutputFormat,
         doc["parameters"] = response.parameters
     outputs = []
     blobs: list[bytes | memoryview] = []
+    exact = False  # NaN or an infinity in JSON data: written as Triton writes them
     for t in response.outputs:
         out: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
         if t.data is None:  # written to shared memory: the response only describes it
@@ -420,10 +489,11 @@ def encode_infer_response(response: InferenceResponse, fmt: OutputFormat,
         else:
             if t.parameters:
                 out["parameters"] = t.parameters
-            out["data"] = json_data(t, arr)
+            out["data"] = data = json_data(t, arr)
+            exact = exact or _non_finite(data)
         outputs.append(out)
     doc["outputs"] = outputs
-    header = dump_json(doc)
+    header = dump_json(doc, exact)
     if not blobs:
         return header, None
     blobs.insert(0, header)

@@ -35,34 +35,38 @@ from host.proto import model_config_pb2
 log = logging.getLogger(__name__)
 
 
-def loader(backend_directory: Path | None) -> Callable[[Path, str], Backend]:
+def loader(backend_directory: Path | None) -> Callable[[Path, str, dict], Backend]:
     """The BackendPool's `native_loader`: a backend for a library the pool found."""
 
-    def load(library: Path, name: str) -> Backend:
-        return NativeBackend(name, library, backend_directory)
+    def load(library: Path, name: str, settings: dict | None = None) -> Backend:
+        return NativeBackend(name, library, backend_directory, settings)
 
     return load
 
 
-def backend_config(library: Path, backend_directory: Path | None) -> str:
-    """TRITONBACKEND_BackendConfig: the entries Triton always passes on its command line."""
+def backend_config(library: Path, backend_directory: Path | None,
+                   settings: dict[str, str] | None = None) -> str:
+    """TRITONBACKEND_BackendConfig: the entries Triton always passes on its command line, then
+    the --backend-config settings for this backend (which may replace them)."""
     return json.dumps({"cmdline": {
         "auto-complete-config": "true",
         "backend-directory": str(backend_directory or library.parent.parent),
         "min-compute-capability": "6.000000",
         "default-max-batch-size": "4",
+        **(settings or {}),
     }})
 
 
 class NativeBackend(Backend):
     supported_instance_kinds = ("CPU", "GPU", "MODEL")
 
-    def __init__(self, name: str, library: Path, backend_directory: Path | None = None) -> None:
+    def __init__(self, name: str, library: Path, backend_directory: Path | None = None,
+                 settings: dict[str, str] | None = None) -> None:
         super().__init__(name)
         self.library = library
         self._lib = lib()
         self.handle = call(self._lib.backend_load, str(library), name, str(library.parent),
-                           backend_config(library, backend_directory))
+                           backend_config(library, backend_directory, settings))
         self.preferred_groups: list[tuple[str, int, list[int]]] = []
         log.info("loaded native backend '%s' from %s", name, library)
 

@@ -5,6 +5,6 @@ request's shared-memory references into array views of those regions and writes 
 """
 
 from host.shm.registry import SharedMemoryManager
-from host.shm.tensors import bind_request, mentions_shm, write_outputs
+from host.shm.tensors import bind_request, mentions_shm, release_request, write_outputs
 
-__all__ = ["SharedMemoryManager", "bind_request", "mentions_shm", "write_outputs"]
+__all__ = ["SharedMemoryManager", "bind_request", "mentions_shm", "release_request", "write_outputs"]

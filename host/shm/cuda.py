@@ -8,9 +8,12 @@ status and unregister still answer, because clients call them unconditionally.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
-from host.errors import InvalidArgumentError, UnavailableError
+from host.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 
@@ -29,10 +32,12 @@ def unavailable_reason() -> str | None:
     return None if count > 0 else "no CUDA device is present"
 
 
-def check_available() -> None:
+def check_available(name: str = "") -> None:
+    """Triton, whose CUDA IPC open fails without a device, answers registering so."""
     reason = unavailable_reason()
     if reason is not None:
-        raise UnavailableError(f"CUDA shared memory is not available on this server: {reason}")
+        log.warning("cannot register CUDA shared memory region '%s': %s", name, reason)
+        raise InvalidArgumentError("failed to register shared memory region: invalid args")
 
 
 class _IpcMapping:
@@ -60,6 +65,7 @@ class CudaRegion:
             raise InvalidArgumentError("failed to register shared memory region: invalid args")
         self.name, self.device_id, self.byte_size = name, device_id, byte_size
         self.key, self.offset = "", 0
+        self.users, self.pending = 0, False  # requests using it; unregistered while in use
         try:
             with cupy.cuda.Device(device_id):
                 pointer = cupy.cuda.runtime.ipcOpenMemHandle(bytes(raw_handle))

@@ -1,8 +1,12 @@
 """The registry of client shared-memory regions: one namespace for system and CUDA regions.
 
-Registering maps the region once; a request looks its regions up by name and keeps the region
-object (and so the mapping) for as long as it runs, which is what lets an unregister that races
-an in-flight request leave that request's memory valid until it finishes.
+Registering maps the region once; a request acquires its regions by name and releases them when
+its final response is out. Unregistering a region that requests still use only marks it: it
+stays listed (and its name taken) until the last of them finishes, as in Triton, while new
+requests can no longer name it. The request keeps the region object (and so the mapping) either
+way, so its memory stays valid until it finishes.
+
+The texts and codes are those of Triton's server (src/shared_memory_manager.cc, src/common.cc).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from host.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError,
 from host.shm import cuda
 from host.shm.system import SystemRegion
 
-DISABLED = "Client shared memory is disabled"
+DISABLED = ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+            "to enable.")
+# Keys Triton's python backend uses for its own regions; a client may not register them.
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
 _UINT64 = 1 << 64
 
 
@@ -45,7 +52,8 @@ class SharedMemoryManager:
             raise InvalidArgumentError("Unable to parse 'key': expected a string")
         offset = _uint64("offset", offset)
         byte_size = _uint64("byte_size", byte_size)
-        self._check_name(name)
+        self._check_name(name, "system")
+        _check_key(name, key)
         with self._lock:
             self._check_free(name)
             # Mapping under the lock keeps two registers of one name from both succeeding.
@@ -56,7 +64,7 @@ class SharedMemoryManager:
 
     def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
         self._check_enabled()
-        cuda.check_available()
+        cuda.check_available(name)
         if isinstance(raw_handle, str):  # HTTP: base64 text
             try:
                 raw_handle = base64.b64decode(raw_handle, validate=True)
@@ -68,7 +76,7 @@ class SharedMemoryManager:
         if type(device_id) is not int or device_id < 0:
             raise InvalidArgumentError("Unable to parse 'device_id': expected a non-negative integer")
         byte_size = _uint64("byte_size", byte_size)
-        self._check_name(name)
+        self._check_name(name, "cuda")
         with self._lock:
             self._check_free(name)
             self._regions[name] = cuda.CudaRegion(name, raw_handle, device_id, byte_size)
@@ -82,17 +90,25 @@ class SharedMemoryManager:
 
         Unknown names succeed (as in Triton): the client's intent, no region by that name, holds.
         A region of the other kind is left alone: the two APIs only see their own regions.
+        Refused while client shared memory is disabled (Triton refuses it too).
         """
+        self._check_enabled()
+        self._unregister(name, kind)
+
+    def _unregister(self, name: str = "", kind: str | None = None) -> None:
         with self._lock:
             if name:
                 region = self._regions.get(name)
                 gone = [region] if region is not None and (kind is None or region.kind == kind) else []
             else:
                 gone = [r for r in self._regions.values() if kind is None or r.kind == kind]
-            for region in gone:
+            for each in gone:
+                if each.users:
+                    each.pending = True  # goes when its last request releases it
+                    continue
                 # Dropping the registry's reference is the whole unregister: the mapping goes
-                # with the last in-flight request still viewing it.
-                del self._regions[region.name]
+                # with the last view of it.
+                del self._regions[each.name]
         if gone and self.on_change is not None:
             self.on_change("unregister", [r.name for r in gone], None)
 
@@ -109,12 +125,28 @@ class SharedMemoryManager:
     # --- used by requests ------------------------------------------------------------------
     def get(self, name: str) -> Any:
         region = self._regions.get(name)  # a dict read is atomic: no lock on the request path
-        if region is None:
+        if region is None or region.pending:
             raise NotFoundError(f"Unable to find shared memory region: '{name}'")
         return region
 
+    def acquire(self, name: str) -> Any:
+        """The region named `name`, counted as used until `release`."""
+        with self._lock:
+            region = self.get(name)
+            region.users += 1
+        return region
+
+    def release(self, regions: list[Any]) -> None:
+        """A request is done with `regions` (one entry per acquire)."""
+        with self._lock:
+            for used in regions:
+                used.users -= 1
+                name = used.name
+                if used.pending and not used.users and self._regions.get(name) is used:
+                    del self._regions[name]
+
     def close(self) -> None:
-        self.unregister()
+        self._unregister()
 
     # --- rules -----------------------------------------------------------------------------
     def _check_enabled(self) -> None:
@@ -122,13 +154,26 @@ class SharedMemoryManager:
             raise UnsupportedError(DISABLED)
 
     @staticmethod
-    def _check_name(name: str) -> None:
+    def _check_name(name: str, kind: str) -> None:
         if not name:
-            raise InvalidArgumentError("shared memory region name must not be empty")
+            raise InvalidArgumentError(
+                f"'region name' is necessary to register {kind} shared memory region")
 
     def _check_free(self, name: str) -> None:
         if name in self._regions:
             raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+
+
+def _check_key(name: str, key: str) -> None:
+    """Triton's ValidateSharedMemoryKey: not only slashes, not the python backend's prefix."""
+    bare = key.lstrip("/")
+    if not bare:
+        raise InvalidArgumentError(
+            f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
+    if bare.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidArgumentError(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key contains "
+            f"the reserved prefix '{RESERVED_KEY_PREFIX}'")
 
 
 def _uint64(field: str, value: Any) -> int:

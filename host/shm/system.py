@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 
-from host.errors import InvalidArgumentError
+from host.errors import InternalError, InvalidArgumentError
 
 try:  # the SIGBUS guard (host/shm/_guard.c); without a compiled one, the size checks alone
     from host.shm import _guard
@@ -28,8 +28,8 @@ SHM_DIR = "/dev/shm"
 _KEY = re.compile(r"/?[^/\x00]{1,255}")
 
 
-def _open_error(key: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"Unable to open shared memory region: '{key}'")
+def _open_error(key: str) -> InternalError:
+    return InternalError(f"Unable to open shared memory region: '{key}'")  # Triton: INTERNAL
 
 
 class SystemRegion:
@@ -38,10 +38,11 @@ class SystemRegion:
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.device_id = -1
+        self.users, self.pending = 0, False  # requests using it; unregistered while in use
         # One byte view of the window: tensor views are slices of it (no copies, no new mappings).
         # The mapping lives exactly as long as something refers to it: the registry until
         # unregister, and every in-flight request through its views, so there is no close().
-        mapping, self._fd = _map_window(key, offset, byte_size)
+        mapping, self._fd = _map_window(name, key, offset, byte_size)
         self.buffer = np.frombuffer(mapping, dtype=np.uint8, count=byte_size, offset=offset)
         # A shrink that races the size check faults on a zero page instead of killing the
         # process, and marks the region (see _guard.c).
@@ -64,13 +65,12 @@ class SystemRegion:
                 f"shrank to {max(size, 0)} bytes after it was registered with offset {self.offset} "
                 f"and byte_size {self.byte_size}; unregister it and register it again")
 
-    def status(self) -> dict:
-        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
-
-
     def faulted(self) -> bool:
         """Whether an access to the region hit a part the client had truncated away."""
         return self._guard >= 0 and _guard is not None and _guard.faulted(self._guard)
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
 def _release(fd: int, slot: int) -> None:
@@ -79,16 +79,16 @@ def _release(fd: int, slot: int) -> None:
         _guard.unguard(slot)
 
 
-def _map_window(key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
-    name = key[1:] if key.startswith("/") else key
-    if not _KEY.fullmatch(key) or name in (".", ".."):
+def _map_window(name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+    entry = key[1:] if key.startswith("/") else key
+    if not _KEY.fullmatch(key) or entry in (".", ".."):
         raise _open_error(key)
     try:
         dir_fd = os.open(SHM_DIR, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         raise _open_error(key) from None
     try:
-        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(entry, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         raise _open_error(key) from None
     finally:
@@ -96,8 +96,13 @@ def _map_window(key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
     try:
         info = os.fstat(fd)
         end = offset + byte_size
-        if not stat.S_ISREG(info.st_mode) or byte_size == 0 or end > info.st_size:
-            raise InvalidArgumentError(f"Invalid shared memory region: '{key}'")
+        if not stat.S_ISREG(info.st_mode):
+            raise _open_error(key)
+        if end > info.st_size:
+            raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid args")
+        if byte_size == 0:  # Triton's mmap of 0 bytes fails with EINVAL, and says so this way
+            raise InvalidArgumentError(f"failed to register shared memory region '{name}': "
+                                       "unable to process address spaceInvalid argument")
         # Map from the object's start: mmap offsets must be page aligned, region offsets need not be.
         mapping = mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException as exc:

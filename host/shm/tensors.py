@@ -31,19 +31,28 @@ def bind_request(request: InferenceRequest, manager: Any, model_name: str) -> No
     """Give each shared-memory input its view, and reserve each shared-memory output's target.
 
     The request keeps the region objects it uses (through its views and `shm_outputs`), so an
-    unregister during the request cannot pull its memory away.
+    unregister during the request cannot pull its memory away; each region is acquired into
+    `request.shm_regions`, which the host releases once the request is over (`release_request`).
     """
+    request.shm_regions = []
     for tensor in request.inputs.values():
         if tensor.data is None:
-            tensor.data = _input_view(tensor, manager, model_name)
+            tensor.data = _input_view(tensor, manager, model_name, request.shm_regions)
     targets = {}
     for output in request.outputs:
         params = output.parameters
         if params and mentions_shm(params):
-            region, offset, size = _target(params, output.name, manager)
+            region, offset, size = _target(params, output.name, manager, request.shm_regions)
             targets[output.name] = (region, offset, size)
             output.parameters = {k: v for k, v in params.items() if k not in KEYS}
     request.shm_outputs = targets or None
+
+
+def release_request(request: InferenceRequest, manager: Any) -> None:
+    """The request is over: release the regions it acquired (an unregistered one may go now)."""
+    regions, request.shm_regions = request.shm_regions, None
+    if regions:
+        manager.release(regions)
 
 
 def write_outputs(response: InferenceResponse, targets: dict[str, tuple[Any, int, int]]) -> None:
@@ -58,9 +67,9 @@ def write_outputs(response: InferenceResponse, targets: dict[str, tuple[Any, int
 
 # --- inputs ------------------------------------------------------------------------------------
 
-def _input_view(tensor: Tensor, manager: Any, model_name: str) -> Any:
+def _input_view(tensor: Tensor, manager: Any, model_name: str, used: list) -> Any:
     name = tensor.name
-    region, offset, size = _target(tensor.parameters, name, manager)
+    region, offset, size = _target(tensor.parameters, name, manager, used)
     tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in KEYS}
     window = region.buffer[offset:offset + size]
     count = datatypes.element_count(tensor.shape)
@@ -120,7 +129,7 @@ def _write(tensor: Tensor, region: Any, offset: int, size: int) -> None:
 
 # --- references --------------------------------------------------------------------------------
 
-def _target(params: dict, name: str, manager: Any) -> tuple[Any, int, int]:
+def _target(params: dict, name: str, manager: Any, used: list) -> tuple[Any, int, int]:
     region_name = params.get(REGION)
     size = params.get(BYTE_SIZE)
     if region_name is None:
@@ -133,12 +142,18 @@ def _target(params: dict, name: str, manager: Any) -> tuple[Any, int, int]:
         raise InvalidArgumentError(f"Unable to parse '{REGION}': expected a string")
     size = _uint64(BYTE_SIZE, size)
     offset = _uint64(OFFSET, params.get(OFFSET, 0))
-    region = manager.get(region_name)
+    region = manager.acquire(region_name)
+    used.append(region)
     if region.kind == "system":
         region.check_size()
-    # Python integers do not wrap, so offset + size cannot overflow past the region's end.
-    if offset > region.byte_size:
+    # Triton's checks and order (SharedMemoryManager::GetMemoryInfo): an offset must fall inside
+    # the region, and offset + size must not pass 2^64 - 1 (Triton's size_t) nor the region's end.
+    if offset >= region.byte_size:
         raise InvalidArgumentError(f"Invalid offset for shared memory region: '{region_name}'")
+    if size > _UINT64 - 1 - offset:
+        raise InvalidArgumentError(
+            f"Integer overflow detected: byte_size ({size}) + offset ({offset}) exceeds maximum "
+            f"value ({_UINT64 - 1}) for region '{region_name}'")
     if offset + size > region.byte_size:
         raise InvalidArgumentError(
             f"Invalid offset + byte size for shared memory region: '{region_name}'")

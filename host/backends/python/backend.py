@@ -51,7 +51,7 @@ from typing import Any, Iterator, Sequence
 
 from host import datatypes
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
-from host.backends.python import pb_utils
+from host.backends.python import pb_utils, settings
 from host.config import config_from_json, config_to_json
 from host.errors import (
     HostError,
@@ -204,6 +204,9 @@ def _host_code(code: int) -> _Code:
 
 class PythonBackend(Backend):
     """Registered under the name "python"."""
+
+    def initialize(self) -> None:
+        settings.check(self.config)  # --backend-config python,...
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         path = model_file(spec)

@@ -1,0 +1,71 @@
+"""Header forwarding: request headers (HTTP) or metadata (gRPC) whose name matches a pattern
+become string parameters of the inference request, as Triton's --http-header-forward-pattern and
+--grpc-header-forward-pattern do.
+
+The rule is Triton's: a header matches when the pattern is found anywhere in its name (RE2
+PartialMatch, here `re.search`); a matching header named like a reserved parameter, or starting
+with `triton_`, fails the request with INVALID_ARG. Both front ends call `HeaderForwarder.apply`
+with the header names as the transport gives them: gRPC metadata keys are lower case; HTTP header
+names arrive through WSGI, where they are case-insensitive, and are given in lower case with
+dashes (`X-My-Header` -> `x-my-header`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+from host.errors import InvalidArgumentError
+from host.inference import InferenceRequest
+
+__all__ = ["RESERVED_KEYS", "HeaderForwarder", "forwarder", "wsgi_headers"]
+
+# Triton's kReservedParameterKeys (src/common.h)
+RESERVED_KEYS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                           "headers", "binary_data_output"))
+
+
+TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")  # W3C trace context (OpenTelemetry)
+
+
+class HeaderForwarder:
+    """Matching headers -> request parameters; with `trace_context`, also the W3C trace context
+    headers -> `request.trace_context` (OpenTelemetry trace mode: a propagated context forces the
+    request's trace, host.trace)."""
+
+    def __init__(self, pattern: str, trace_context: bool = False) -> None:
+        self.pattern = pattern
+        self.trace_context = trace_context
+        self._regex = re.compile(pattern) if pattern else None
+
+    def apply(self, request: InferenceRequest, headers: Iterable[tuple[str, Any]]) -> None:
+        search = self._regex.search if self._regex is not None else None
+        for key, value in headers:
+            if self.trace_context and key in TRACE_CONTEXT_KEYS:
+                if request.trace_context is None:
+                    request.trace_context = {}
+                request.trace_context[key] = value if isinstance(value, str) else value.decode()
+            if search is None or not search(key):
+                continue
+            if key in RESERVED_KEYS or key.startswith("triton_"):
+                raise InvalidArgumentError(
+                    f"Header '{key}' is reserved for Triton usage and cannot be forwarded.")
+            if isinstance(value, bytes):  # binary gRPC metadata ("-bin" keys)
+                value = value.decode("utf-8", "replace")
+            request.parameters[key] = value
+
+
+def forwarder(pattern: str, trace_context: bool = False) -> HeaderForwarder | None:
+    """The forwarder for a flag's pattern (and the trace context headers in OpenTelemetry trace
+    mode); None when there is nothing to take from headers: the front end then checks one
+    attribute per request and does nothing else."""
+    return HeaderForwarder(pattern, trace_context) if pattern or trace_context else None
+
+
+def wsgi_headers(env: dict[str, Any]) -> Iterable[tuple[str, str]]:
+    """The request headers of a WSGI environ as (lower-case name with dashes, value)."""
+    for key, value in env.items():
+        if key.startswith("HTTP_"):
+            yield key[5:].lower().replace("_", "-"), value
+        elif key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            yield key.lower().replace("_", "-"), value

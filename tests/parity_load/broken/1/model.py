@@ -1,0 +1,5 @@
+class TritonPythonModel:
+    """Fails to load."""
+
+    def initialize(self, args):
+        raise RuntimeError("broken on purpose")
