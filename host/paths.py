@@ -61,9 +61,8 @@ def check_config_files(model_dir: str | os.PathLike[str], version: int, config) 
     if config.default_model_filename:
         resolve_inside(model_dir, config.default_model_filename, "default_model_filename",
                        under=str(version))
-    for output in config.output:
-        if output.label_filename:
-            resolve_inside(model_dir, output.label_filename, f"label_filename of output '{output.name}'")
+    # label_filename: host.classification.load_labels applies this rule (is_inside) with
+    # Triton's own message, when the model version is created.
     if config.WhichOneof("scheduling_choice") == "sequence_batching":
         for state in config.sequence_batching.state:
             for initial in state.initial_state:
