@@ -47,7 +47,9 @@ def test_restricted_categories_need_their_header(tmp_path):
             "--http-restricted-api", "model-repository,shared-memory:admin-key=s3cret",
             "--http-restricted-api", "inference:infer-key=abc",
             "--grpc-restricted-protocol", "model-repository,statistics:admin-key=s3cret",
-            "--grpc-restricted-protocol", "inference:infer-key=abc"]
+            "--grpc-restricted-protocol", "inference:infer-key=abc",
+            "--http-restricted-api", "trace,logging:ops=1",
+            "--grpc-restricted-protocol", "trace,logging:ops=1"]
     with serve(tmp_path, *args) as server:
         http = httpclient.InferenceServerClient(server.url)
         assert http.is_server_ready() and http.get_model_metadata("a")["name"] == "a"  # open
@@ -66,6 +68,11 @@ def test_restricted_categories_need_their_header(tmp_path):
             _http_infer(http)
         assert _http_infer(http, {"infer-key": "abc"}).tolist() == [1.0, 2.0]
         assert http.get_inference_statistics("a")  # statistics is restricted on gRPC only
+        with pytest.raises(InferenceServerException, match="expecting header 'ops'"):
+            http.get_log_settings()
+        with pytest.raises(InferenceServerException, match="expecting header 'ops'"):
+            http.get_trace_settings()
+        assert "log_info" in http.get_log_settings(headers={"ops": "1"})
 
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         assert grpc.is_server_live()
@@ -77,6 +84,9 @@ def test_restricted_categories_need_their_header(tmp_path):
         assert grpc.get_model_repository_index(headers=GRPC_ADMIN).models[0].name == "a"
         with pytest.raises(InferenceServerException, match="triton-grpc-protocol-admin-key"):
             grpc.get_inference_statistics("a")
+        with pytest.raises(InferenceServerException, match="triton-grpc-protocol-ops"):
+            grpc.get_log_settings()
+        assert grpc.get_log_settings(headers={"triton-grpc-protocol-ops": "1"}) is not None
         with pytest.raises(InferenceServerException, match="triton-grpc-protocol-infer-key"):
             _grpc_infer(grpc)
         assert _grpc_infer(grpc, {"triton-grpc-protocol-infer-key": "abc"}).tolist() == [1.0, 2.0]
