@@ -306,8 +306,9 @@ class ModelManager:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
             raise
-        except Exception as exc:
-            raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
+        except BaseException as exc:  # noqa: BLE001 - even sys.exit(): this model fails to load
+            raise UnavailableError(f"backend '{backend_name}' failed to initialize: "
+                                   f"{type(exc).__name__}: {exc}") from exc
         try:
             if self.auto_complete:
                 backend.auto_complete_config(spec)
@@ -322,8 +323,7 @@ class ModelManager:
             self.backends.release(backend_name)
             if isinstance(exc, HostError):
                 raise
-            if not isinstance(exc, Exception):
-                raise
+            # Any other exception, sys.exit() included, fails this model's load only.
             log.exception("model '%s' version %d failed to load", entry.name, version)
             raise UnavailableError(f"failed to load '{entry.name}' version {version}: "
                                    f"{type(exc).__name__}: {exc}") from exc
@@ -424,5 +424,5 @@ class ModelManager:
     def _notify(self, name: str, version: int, state: str, reason: str) -> None:
         try:
             self._on_state(name, version, state, reason)
-        except Exception:
+        except BaseException:  # noqa: BLE001 - a plugin's hook must not break a load or unload
             log.exception("model-state listener failed")

@@ -130,3 +130,20 @@ def _grpc_ok(server) -> bool:
         return _grpc(client, "quitter", 3.0).tolist() == [3.0]
     except InferenceServerException:
         return False
+
+
+def test_sys_exit_while_loading_fails_only_that_model(tmp_path):
+    _write(tmp_path, "quitter")
+    (tmp_path / "leaver" / "1").mkdir(parents=True)
+    (tmp_path / "leaver" / "config.pbtxt").write_text(CONFIG.format(name="leaver", batch=0, extra=""))
+    (tmp_path / "leaver" / "1" / "model.py").write_text(
+        "import sys\nclass TritonPythonModel:\n    def initialize(self, args):\n        sys.exit(4)\n")
+    with serve(tmp_path, "--model-control-mode", "explicit", "--load-model", "*") as server:
+        http = httpclient.InferenceServerClient(server.url, network_timeout=20)
+        rows = {r["name"]: r for r in http.get_model_repository_index()}
+        assert rows["leaver"]["state"] == "UNAVAILABLE" and "SystemExit" in rows["leaver"]["reason"]
+        for client in (http, grpcclient.InferenceServerClient(server.grpc_url)):
+            with pytest.raises(InferenceServerException, match="SystemExit"):
+                client.load_model("leaver")
+        assert _http(http, "quitter", 1.0).tolist() == [1.0]
+        assert server.running()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import sys
 from typing import Any, Iterator
 
 import falcon
@@ -165,7 +166,17 @@ class FastInfer:
             if parts[0] and (len(parts) == 1 or (len(parts) == 3 and parts[1] == "versions"
                                                  and parts[2].isascii() and parts[2].isdigit())):
                 return self._infer(env, start_response, parts[0], parts[2] if len(parts) == 3 else "")
-        return self.falcon(env, start_response)
+        try:
+            return self.falcon(env, start_response)
+        except Exception:
+            raise  # falcon's own handlers answered those already; not reached
+        except BaseException as ex:  # noqa: BLE001 - falcon lets SystemExit & co. through: not here
+            log.error("unhandled %s on %s %s", type(ex).__name__, env.get("REQUEST_METHOD"), path,
+                      exc_info=ex)
+            data = error_body(f"internal error: {type(ex).__name__}: {ex}")
+            start_response("500 Internal Server Error", [("Content-Type", JSON),
+                                                         ("Content-Length", str(len(data)))], sys.exc_info())
+            return [data]
 
     def _infer(self, env: dict[str, Any], start_response: Any, model: str, version: str) -> list[bytes]:
         try:
