@@ -51,7 +51,6 @@ class Board:
     def __init__(self) -> None:
         self.page = mmap.mmap(-1, _SIZE)  # anonymous and shared: the forked worker writes here
         self._free = list(range(_SLOTS))
-        self._lock = threading.Lock()
 
     def reset(self) -> None:  # master, before each fork
         self.page[:] = bytes(_SIZE)
@@ -63,25 +62,22 @@ class Board:
     def mark_exiting(self) -> None:
         self.page[_EXITING] = 1
 
-    def begin(self, activity: str) -> int:
-        """A thread starts `activity`; returns its slot (-1 when all are taken)."""
-        with self._lock:
-            if not self._free:
-                return -1
+    def begin(self, activity: bytes) -> int:
+        """A thread starts `activity` (see `_text`); returns its slot (-1 when all are taken).
+        On every execute: list.pop/append are atomic, so no lock is taken."""
+        try:
             slot = self._free.pop()
-        self._write(_EXECUTING + slot * _SLOT, activity)
+        except IndexError:
+            return -1
+        offset = _EXECUTING + slot * _SLOT
+        self.page[offset:offset + len(activity)] = activity
         return slot
 
     def end(self, slot: int) -> None:
         if slot < 0:
             return
         self.page[_EXECUTING + slot * _SLOT] = 0
-        with self._lock:
-            self._free.append(slot)
-
-    def _write(self, offset: int, text: str) -> None:
-        data = text.encode("utf-8", "replace")[:_SLOT - 1]
-        self.page[offset:offset + len(data) + 1] = data + b"\0"
+        self._free.append(slot)
 
     # --- master side ---------------------------------------------------------------------------
     @property
@@ -105,14 +101,26 @@ class Board:
 _board: Board | None = None
 
 
+_executing: dict[str, bytes] = {}  # model name -> its "executing model '<name>'" slot text
+
+
+def _text(text: str) -> bytes:
+    return text.encode("utf-8", "replace")[:_SLOT - 1] + b"\0"
+
+
 def executing(model: str) -> int:
     """Note that this thread runs `model` (returns a token for `done`); free without a board."""
-    return _board.begin(f"executing model '{model}'") if _board is not None else -1
+    if _board is None:
+        return -1
+    text = _executing.get(model)
+    if text is None:
+        text = _executing[model] = _text(f"executing model '{model}'")
+    return _board.begin(text)
 
 
 def loading(model: str, version: int) -> int:
     """Note that this thread loads a model version (returns a token for `done`)."""
-    return _board.begin(f"loading model '{model}' version {version}") if _board is not None else -1
+    return _board.begin(_text(f"loading model '{model}' version {version}")) if _board is not None else -1
 
 
 def done(token: int) -> None:
