@@ -12,9 +12,10 @@ setup(
         Extension(
             "host.native.libtritonserver",
             sources=[f"host/native/src/{name}.c" for name in
-                     ("server", "backend", "request", "cache", "module", "unsupported")],
+                     ("server", "backend", "request", "cache", "module", "infer", "allocator",
+                      "control", "sequence", "unsupported")],
             include_dirs=["host/native/include"],
-            depends=["host/native/src/bridge.h", "host/native/include/triton/core/tritonserver.h",
+            depends=["host/native/src/bridge.h", "host/native/src/infer.h", "host/native/include/triton/core/tritonserver.h",
                      "host/native/include/triton/core/tritonbackend.h",
                      "host/native/include/triton/core/tritoncache.h"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wno-unused-parameter",

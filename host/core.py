@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import (__version__, classification, datatypes, headers, logsettings, overrides,
+from host import (__version__, bls, classification, datatypes, headers, logsettings, overrides,
                   parameters, raw_input, shm)
 from host import config as config_mod
 from host.backends_pool import BackendPool
@@ -86,6 +86,7 @@ class Host:
         With `exit_on_error`, any load error is raised instead (after unloading what loaded).
         """
         opts = self.options
+        bls.attach(self)  # models' own requests (BLS) come here
         if opts.model_control_mode == "explicit":
             errors = self.manager.load_all(opts.load_models) if opts.load_models else {}
         else:
@@ -112,6 +113,7 @@ class Host:
         if self._poller is not None:
             self._poller.join()
         self.manager.unload_all()
+        bls.detach(self)
         self.shm.close()  # unmaps only: the clients' regions stay as they are
         self._stream_pool.shutdown(wait=True)
         if self.cache is not None:
@@ -276,6 +278,7 @@ class Host:
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
+        reshape = mv.rules.reshape_outputs if mv.rules.output_reshapes else None
         classes = request.classification
         shm_manager = self.shm
         error: HostError | None = None
@@ -299,6 +302,8 @@ class Host:
                 if latency is not None and latency.first_response is not None:
                     _first_response(request, latency)
                 response.model_name, response.model_version, response.id = name, version, request.id
+                if reshape is not None and response.error is None:
+                    reshape(response)  # an output that cannot take its dims makes it an error
                 if response.error is not None:
                     error = response.error
                 else:

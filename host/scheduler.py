@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from host import supervise
+from host import bls, supervise
 from host.errors import CancelledError, HostError, InternalError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse
 from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
@@ -37,16 +37,19 @@ class InstanceSlot:
         self.spec, self.instance = spec, instance
 
 
-def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest]) -> None:
+def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest],
+                  padding: int = 0) -> None:
     """Run one execute and make sure every request of a non-decoupled model gets its response.
 
     Statistics: compute_input is up to the `execute` call, compute_infer the call, compute_output
-    the handing out of the responses (see host.stats)."""
+    the handing out of the responses (see host.stats). `padding`: how many of the requests are the
+    sequence batcher's padding (counted in the batch size, not as requests, as in Triton)."""
     start = time.perf_counter_ns()
     rows = 0
     for r in requests:
         r.exec_start_ns = start
         rows += r.batch_size
+    held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
     called = time.perf_counter_ns()
     failure: BaseException | None = None
     executing = supervise.executing(model.name)  # if the process dies now, the log names it
@@ -56,6 +59,7 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         responses, failure = None, exc
     finally:
         supervise.done(executing)
+        bls.HELD.reset(held)
     returned = time.perf_counter_ns()
     infer_ns, input_ns = returned - called, called - start
     if model.tracing:  # a sampled request may be in this batch (host.trace)
@@ -67,7 +71,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     reported = report() if report is not None else None
     if reported is not None:
         input_ns, infer_ns = reported[0], reported[1]
-    model.stats.execution_done(len(requests), rows, infer_ns, input_ns)
+    counted = len(requests) - padding
+    model.stats.execution_done(counted, rows, infer_ns, input_ns)
     handing = time.perf_counter_ns()
     if failure is not None:
         err = failure if isinstance(failure, HostError) else InternalError(
@@ -87,8 +92,18 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
                     request.respond(response, True)
     if not model.decoupled and not all(r.completed for r in requests):
         _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
-    model.stats.output_done(len(requests), rows,
+    model.stats.output_done(counted, rows,
                             reported[2] if reported is not None else time.perf_counter_ns() - handing)
+
+
+def _chain(requests: Sequence[InferenceRequest]) -> tuple:
+    """The instances held by the callers of these requests (host.bls): this thread's own chain,
+    plus that of each BLS request run here from another thread (a batcher's, a pool's)."""
+    chain = bls.HELD.get()
+    for r in requests:
+        if r.held:
+            chain = chain + tuple(s for s in r.held if s not in chain)
+    return chain
 
 
 def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:
@@ -97,15 +112,28 @@ def _fail(requests: Sequence[InferenceRequest], err: HostError) -> None:
             r.respond(InferenceResponse(error=err), True)
 
 
+def _run_reentrant(model: ModelVersion, slots: list[InstanceSlot], request: InferenceRequest) -> bool:
+    """A BLS request whose callers hold every instance of `model` runs now, on the innermost
+    caller's instance, instead of waiting for an instance that cannot come free (host.bls)."""
+    slot = bls.reentrant_slot(slots, request.held)
+    if slot is None:
+        return False
+    execute_batch(model, slot, [request])
+    return True
+
+
 class DirectScheduler:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
+        self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self._free: queue.SimpleQueue[InstanceSlot] = queue.SimpleQueue()
         self._slots = len(slots)
         for slot in slots:
             self._free.put(slot)
 
     def submit(self, request: InferenceRequest) -> None:
+        if request.held and _run_reentrant(self.model, self._instances, request):
+            return
         try:
             slot = self._free.get_nowait()
         except queue.Empty:
@@ -146,6 +174,7 @@ class DynamicBatcher:
                  preferred: Sequence[int], max_delay_us: int,
                  queue_config: ModelDynamicBatching | None = None) -> None:
         self.model = model
+        self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
@@ -166,6 +195,8 @@ class DynamicBatcher:
             t.start()
 
     def submit(self, request: InferenceRequest) -> None:
+        if request.held and _run_reentrant(self.model, self._instances, request):
+            return
         with self._cond:
             self._queue.append(request)  # UNAVAILABLE when its queue is full: the request fails
             self._cond.notify()

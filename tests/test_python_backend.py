@@ -18,7 +18,7 @@ from host.parameters import interpret
 from host.backend import InstanceSpec, ModelSpec
 from host.backends.python.backend import PythonBackend
 from host.config import parse_config_text
-from host.errors import Code, InternalError, InvalidArgumentError, NotFoundError
+from host.errors import Code, HostError, InternalError, InvalidArgumentError, NotFoundError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.plugins.registry import Registry
 
@@ -860,7 +860,9 @@ def test_logger_levels(tmp_path, load, caplog):
     assert all(r.filename == "model.py" for r in caplog.records if r.name == "host.models.logs")
 
 
-def test_bls_is_not_supported(tmp_path, load):
+def test_bls_without_a_server_is_an_error_response(tmp_path, load):
+    """No host serves in this process: the call answers with an error, as for an unknown model
+    (BLS against a real server: tests/test_bls.py)."""
     code = """
     import numpy as np
     import triton_python_backend_utils as pb_utils
@@ -870,11 +872,27 @@ def test_bls_is_not_supported(tmp_path, load):
             req = pb_utils.InferenceRequest(
                 model_name="other", requested_output_names=["OUT"],
                 inputs=[pb_utils.Tensor("IN", np.ones(1, np.float32))])
-            req.exec()
+            return [pb_utils.InferenceResponse(error=req.exec().error())]
     """
     m = load(write_model(tmp_path, "bls", "", code))
     err = m.infer({}).error
-    assert "message: TritonModelException: BLS is not supported yet" in err.message
+    assert err.message == ("Model other - Error when running inference: Failed for execute the "
+                           "inference request. Model 'other' is not ready.")
+
+
+def test_bls_is_refused_in_initialize_as_in_triton(tmp_path, load):
+    code = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            pb_utils.InferenceRequest(
+                model_name="other", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.ones(1, np.float32))]).exec()
+    """
+    with pytest.raises(HostError, match="BLS is only supported during the 'execute' function."):
+        load(write_model(tmp_path, "bls_init", "", code))
 
 
 # --- pb_utils helpers -------------------------------------------------------------------------

@@ -79,11 +79,14 @@ class NativeBackend(Backend):
         self.preferred_groups, _parallel = self._lib.backend_attributes(self.handle)
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
-        """A model without instance groups gets the backend's preferred ones (Triton's rule)."""
+        """A model without instance groups gets the backend's preferred ones (Triton's rule).
+        A GPU group is passed over, as Triton does on a host without GPUs (and as the host's
+        config normalization assumes): a GPU build of a backend, such as Triton's prebuilt python
+        backend, prefers KIND_GPU; the model then gets Triton's default CPU group."""
         if spec.config.instance_group or not self.preferred_groups:
             return
         for kind, count, device_ids in self.preferred_groups:
-            if kind == "AUTO":
+            if kind in ("AUTO", "GPU"):
                 continue
             group = spec.config.instance_group.add()
             group.kind = model_config_pb2.ModelInstanceGroup.Kind.Value(f"KIND_{kind}")

@@ -27,8 +27,9 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
   the configured `data_type` turns the response into an error naming the output; BYTES outputs
   (object arrays of bytes/str, or 'S' arrays) become object arrays of `bytes`.
 
-Not supported (yet): BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...) raises
-TritonModelException; request rescheduling; the optional `is_ready()`; GPU-resident tensors
+BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls`.
+
+Not supported (yet): request rescheduling; the optional `is_ready()`; GPU-resident tensors
 (tensors live in CPU memory); custom metrics are not exported.
 """
 
@@ -49,7 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from host import datatypes
+from host import bls, datatypes
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
 from host.backends.python import pb_utils, settings
 from host.config import config_from_json, config_to_json
@@ -301,6 +302,7 @@ class PythonInstance(Instance):
         self.module: types.ModuleType | None = None
         self.user: Any = None
         self.ctx = pb_utils._ModelContext(model.spec.name, str(model.path.parent))
+        self.ctx.instance_name = spec.name  # named in Triton's model-control error texts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
 
@@ -324,6 +326,7 @@ class PythonInstance(Instance):
                         "model_version": str(mspec.version),
                         "model_name": mspec.name,
                     })
+            self.ctx.serving = True  # BLS calls are allowed from now until finalize
         except HostError:
             forget_module(self.module)
             raise
@@ -334,6 +337,7 @@ class PythonInstance(Instance):
             raise InternalError(_exception_text(exc)) from exc
 
     def finalize(self) -> None:
+        self.ctx.serving = False
         try:
             fin = getattr(self.user, "finalize", None)
             if fin is not None:
@@ -430,9 +434,11 @@ class PythonInstance(Instance):
 
     def _run_coroutine(self, coro: Any) -> Any:
         ctx = self.ctx
+        held = bls.HELD.get()  # this execute's instance: BLS calls the coroutine makes hold it
 
         async def run() -> Any:
             pb_utils._ACTIVE.set(ctx)
+            bls.HELD.set(held)
             return await coro
 
         return asyncio.run_coroutine_threadsafe(run(), self._ensure_loop()).result()
@@ -508,9 +514,11 @@ class PythonInstance(Instance):
                 pass
         requested = set(request.requested_output_names)
         expected = self.model.output_datatypes
+        # Implicit state: an output named after a state is kept for the sequence batcher.
+        states = request.sequence_states.by_output if request.sequence_states is not None else ()
         for tensor in response.output_tensors():
             name = tensor.name()
-            if requested and name not in requested:
+            if requested and name not in requested and name not in states:
                 continue
             datatype = tensor._datatype
             want = expected.get(name)

@@ -13,7 +13,8 @@ Differences from Triton (all documented in the backend's module docstring):
 - Tensors always live in CPU memory. `from_dlpack` of a GPU tensor copies it to the host when the
   object has a `.cpu()` method (torch), and raises otherwise.
 - BLS (`InferenceRequest(...).exec()` / `async_exec()`) and model control (`load_model`,
-  `unload_model`, `is_model_ready`) raise `TritonModelException`: not supported yet.
+  `unload_model`, `is_model_ready`) go to the host in this process (`host.backends.python.bls`);
+  BLS responses carry the callee's `parameters()` (newer Tritons do too).
 - Custom metrics (`MetricFamily`) keep their values in process but are not exported.
 """
 
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from host import datatypes
+from host.backends.python import bls as _bls  # uses this module only inside its functions
 from host.proto import model_config_pb2
 
 __all__ = [
@@ -75,6 +77,9 @@ class _ModelContext:
         self.model_name = model_name
         self.model_dir = model_dir
         self.logger = logging.getLogger(f"host.models.{model_name}")
+        self.instance_name = ""  # set by the backend for an instance's context
+        # Between the end of initialize and the start of finalize: when BLS calls are allowed.
+        self.serving = False
 
 
 # Set by the backend around every call into a model (import, initialize, execute, finalize).
@@ -472,15 +477,11 @@ def _parameters_json(parameters: dict | None) -> str:
     return json.dumps(parameters)
 
 
-_BLS_UNSUPPORTED = ("BLS is not supported yet by the in-process python backend: "
-                    "a model cannot send inference requests to other models")
-
-
 class InferenceRequest:
     """An inference request as a model sees it.
 
-    The backend builds these for `execute`; a model constructing one itself (BLS) gets an object
-    whose `exec()` / `async_exec()` raise TritonModelException: BLS is not supported yet.
+    The backend builds these for `execute`; a model builds one itself to call another model
+    (BLS) with `exec()` or `await async_exec()` (host.backends.python.bls).
     """
 
     def __init__(self, request_id: str = "", correlation_id: int | str = 0, inputs: Any = None,
@@ -493,6 +494,7 @@ class InferenceRequest:
                             "'model_name'")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
+        self._preferred_memory = preferred_memory or PreferredMemory()
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
@@ -578,17 +580,25 @@ class InferenceRequest:
         self._release_flags = flags
 
     def exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(_BLS_UNSUPPORTED)
+        """Send this request to its model and wait: the response, or with `decoupled=True` an
+        iterator over every response (the last one carries the final flag)."""
+        _check_serving()
+        return _bls.execute(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(_BLS_UNSUPPORTED)
+        """`exec` for `async def execute`: awaitable, several may run at once (asyncio.gather)."""
+        _check_serving()
+        return await _bls.execute_async(self, decoupled)
 
 
-class ResponseIterator:
-    """Returned by a decoupled BLS `exec` in Triton; BLS is not supported here."""
+def _check_serving() -> None:
+    ctx = _current_context()
+    if ctx is not None and not ctx.serving:
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
 
-    def __init__(self, response: Any = None) -> None:
-        raise TritonModelException(_BLS_UNSUPPORTED)
+
+# The iterator a decoupled BLS call returns.
+ResponseIterator = _bls.ResponseIterator
 
 
 # --- responses -------------------------------------------------------------------------------
@@ -885,21 +895,59 @@ def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
-# --- model control (BLS): not supported yet --------------------------------------------------
+# --- model control (BLS) ---------------------------------------------------------------------
+
+def _instance_failure(what: str, message: str) -> TritonModelException:
+    """Triton's text for a model-control call the server refused."""
+    ctx = _current_context()
+    who = getattr(ctx, "instance_name", None) or (ctx.model_name if ctx else "")
+    return TritonModelException(
+        f"{what}: Failed to process the request for model '{who}', message: {message}")
+
 
 def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
-    raise TritonModelException(
-        "load_model is not supported yet by the in-process python backend")
+    """Load or reload a model (explicit model control mode); waits until it is loaded."""
+    from host import bls
+    from host.errors import HostError
+    if files is not None and not isinstance(files, dict):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths and "
+            "file contents")
+    try:
+        bls.load_model(model_name, config, files)
+    except HostError as exc:
+        raise _instance_failure("Failed to load model", exc.message) from None
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException(
-        "unload_model is not supported yet by the in-process python backend")
+    """Unload a model (explicit model control mode); an unknown model is no error, as in Triton."""
+    from host import bls
+    from host.errors import HostError
+    try:
+        bls.unload_model(model_name, unload_dependents)
+    except HostError as exc:
+        raise _instance_failure("Failed to unload model", exc.message) from None
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    raise TritonModelException(
-        "is_model_ready is not supported yet by the in-process python backend")
+    from host import bls
+    from host.errors import HostError
+    version = -1
+    if model_version != "":
+        try:
+            version = int(model_version)
+        except ValueError:
+            raise _instance_failure("Failed to check model readiness", (
+                f"failed to get model version from specified version string '{model_version}' "
+                "(details: stol), version should be an integral value > 0")) from None
+        if version < 0:
+            raise _instance_failure("Failed to check model readiness", (
+                f"failed to get model version from specified version string '{model_version}', "
+                "version should be an integral value > 0"))
+    try:
+        return bls.model_ready(model_name, version)
+    except HostError as exc:
+        raise _instance_failure("Failed to check model readiness", exc.message) from None
 
 
 # --- custom metrics (kept in process, not exported) ------------------------------------------

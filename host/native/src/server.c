@@ -138,18 +138,7 @@ MH_EXPORT const char* TRITONSERVER_InferenceTraceActivityString(
 
 /* --- parameters ---------------------------------------------------------------------------- */
 
-struct TRITONSERVER_Parameter {
-  char* name;
-  TRITONSERVER_ParameterType type;
-  union {
-    char* s;
-    int64_t i;
-    bool b;
-    double d;
-  } value;
-  void* bytes;
-  uint64_t byte_size;
-};
+/* struct TRITONSERVER_Parameter: bridge.h */
 
 MH_EXPORT TRITONSERVER_Parameter* TRITONSERVER_ParameterNew(const char* name,
                                                             const TRITONSERVER_ParameterType type,
