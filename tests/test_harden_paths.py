@@ -73,6 +73,10 @@ def test_load_overrides_naming_files_outside_the_model_are_refused(tmp_path):
             (_override(parameters={"EXECUTION_ENV_PATH": {
                 "string_value": "$$TRITON_MODEL_DIRECTORY/../../env.tar.gz"}}), "EXECUTION_ENV_PATH"),
             (_override(backend="../../../tmp/x"), "invalid backend name"),
+            (_override(sequence_batching={"state": [{
+                "input_name": "S_IN", "output_name": "S_OUT", "data_type": "TYPE_FP32", "dims": [1],
+                "initial_state": [{"name": "s", "data_type": "TYPE_FP32", "dims": [1],
+                                   "data_file": "../../evil.bin"}]}]}), "initial_state data_file"),
         ]
         for config, words in cases:
             with pytest.raises(InferenceServerException, match=words) as info:
