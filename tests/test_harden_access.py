@@ -110,14 +110,14 @@ def test_restricted_categories_need_their_header(tmp_path):
 def test_bad_restriction_values_are_refused_at_start(tmp_path, value, words):
     done = subprocess.run([sys.executable, "-m", "host", "serve", "--model-repository", str(tmp_path),
                            "--http-restricted-api", value], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and words in done.stderr
+    assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr
 
 
 def test_duplicate_category_is_refused(tmp_path):
     done = subprocess.run([sys.executable, "-m", "host", "serve", "--model-repository", str(tmp_path),
                            "--grpc-restricted-protocol", "health:a=1", "--grpc-restricted-protocol",
                            "health,metadata:b=2"], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
+    assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "restricted protocol 'health' can not be specified in multiple config groups" in done.stderr
 
 

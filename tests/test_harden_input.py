@@ -9,7 +9,6 @@ import socket
 import time
 
 import grpc
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb

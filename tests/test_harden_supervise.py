@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
 
 from host.native.testing import build_library, compiler
 from host.testing import ServerProcess, ServerStartError, serve, wait_until
