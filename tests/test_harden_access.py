@@ -220,3 +220,15 @@ def test_server_only_tls(tmp_path):
         https = httpclient.InferenceServerClient(server.url, ssl=True, network_timeout=20,
                                                  ssl_options={"ca_certs": str(certs["ca.crt"])})
         assert _http_infer(https).tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--grpc-use-ssl"], "--grpc-server-cert is required"),
+    (["--http-ssl-cert", "/nonexistent.pem", "--http-ssl-key", "/nonexistent.key"],
+     "cannot read --http-ssl-cert '/nonexistent.pem'"),
+    (["--http-ssl-mutual"], "--http-ssl-cert is required"),
+])
+def test_incomplete_tls_settings_are_refused_at_start(tmp_path, args, words):
+    done = subprocess.run([sys.executable, "-m", "host", "serve", "--model-repository", str(tmp_path),
+                           *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr
