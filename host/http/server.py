@@ -14,6 +14,7 @@ shutdown. Not supported: TLS, HTTP/2, upgrades (use a proxy in front for those).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import socket
@@ -41,6 +42,9 @@ HEADER_SECONDS = 30.0  # from a request's first byte to the end of its head
 # (a client that trickles its body would otherwise hold its connection's thread for ever).
 BODY_GRACE_SECONDS = 30.0
 BODY_MIN_RATE = 1024
+# environ key: a callable that says whether the client has closed its connection (under another
+# WSGI server it is absent: handlers treat that as "still there")
+CLIENT_GONE = "modelhost.client_gone"
 _RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -493,6 +497,7 @@ class HTTPServer:
         expect = env.get("HTTP_EXPECT", "").lower() == "100-continue"
         body = _Body(conn, length, chunked, expect)
         env["wsgi.input"] = body
+        env[CLIENT_GONE] = functools.partial(_peer_closed, conn.sock)
 
         state: dict[str, Any] = {}
 
@@ -594,6 +599,16 @@ def _refuse(sock: socket.socket) -> None:
         pass
     finally:
         sock.close()
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True once the client closed its side (a long request can stop working for nobody)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
