@@ -38,6 +38,9 @@ ENDPOINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("model-repository", r"/v2/repository/.*",
      ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")),
     ("trace", r"/v2/trace/setting|" + _MODEL + r"/trace/setting", ("TraceSetting",)),
+    # The OpenAI-compatible API (host.http.openai): modelhost's own, guarded like its V2 kin.
+    ("inference", r"/v1/(?:chat/)?completions", ()),
+    ("metadata", r"/v1/models(?:/[^/]+)?", ()),
     ("logging", r"/v2/logging", ("LogSettings",)),
 )
 
