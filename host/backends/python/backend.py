@@ -308,6 +308,10 @@ def _emitter(instance: PythonInstance, request: HostRequest):
 
 
 class PythonInstance(Instance):
+    # In the server's process sys.exit() from a model fails only its requests; a stub process
+    # (host.backends.python.stub) sets this so that it ends the stub instead, as Triton's does.
+    exit_ends_process = False
+
     def __init__(self, model: PythonModel, spec: InstanceSpec) -> None:
         self.model = model
         self.spec = spec
@@ -387,6 +391,8 @@ class PythonInstance(Instance):
                 result = self._run_coroutine(result)
             return self._collect(result, states)
         except BaseException as exc:  # noqa: BLE001 - even sys.exit() fails only these requests
+            if self.exit_ends_process and isinstance(exc, SystemExit):
+                raise  # in a stub process (process mode) it ends the stub, as in Triton
             self._fail_all(states, exc)
             return None
 
