@@ -63,6 +63,9 @@ setup(
             extra_link_args=["-Wl,-soname,libtritonserver.so"],
             libraries=["dl", "pthread"],
             optional=True,
-        )
+        ),
+        # SIGBUS guard for client shared-memory mappings (host/shm/system.py).
+        Extension("host.shm._guard", sources=["host/shm/_guard.c"],
+                  extra_compile_args=["-std=gnu11"], optional=True),
     ]
 )

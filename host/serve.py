@@ -20,6 +20,7 @@ from gunicorn.glogging import Logger as GunicornLogger
 
 from host import logs, startup
 from host.options import ServerOptions
+from host.supervise import Supervisor, restore
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class _GracefulArbiter(Arbiter):
         # without gunicorn's "Shutting down / Reason: Worker failed to boot" and exit 1.
         if exit_status == self.WORKER_BOOT_ERROR:
             self.stop()
+            self.cfg.on_exit(self)
             sys.exit(1)
         super().halt(reason, exit_status)
 
@@ -74,6 +76,9 @@ class ServerApplication(BaseApplication):
         self.host: Any = None
         self.grpc: Any = None
         self.metrics: Any = None
+        # Made here, in the master, before the fork: no crash loops, and a crashed worker comes
+        # back with its models and shared-memory registrations (host.supervise).
+        self.supervisor = Supervisor()
         super().__init__()
 
     def load_config(self) -> None:
@@ -90,8 +95,11 @@ class ServerApplication(BaseApplication):
             # its debug level (a dump of its configuration) from --log-verbose 2; _QuietGunicorn
             # drops its start-up lines unless verbose
             "loglevel": "debug" if o.log_verbose > 1 else "info",
-            "post_worker_init": _graceful_worker_sigint,
+            "post_worker_init": self._post_worker_init,
             "worker_exit": self._worker_exit,
+            "pre_fork": self.supervisor.pre_fork,
+            "child_exit": self.supervisor.child_exit,
+            "on_exit": self.supervisor.on_exit,
             "proc_name": "modelhost",
             "logger_class": _ServerLog,
             "control_socket_disable": True,  # several servers may run side by side
@@ -116,15 +124,27 @@ class ServerApplication(BaseApplication):
         from host.http.app import create_app
 
         o = self.options
+        journal = self.supervisor.worker_started()
+        if journal.restored and o.model_control_mode == "explicit":
+            o.load_models = []  # the journal knows what the crashed worker had loaded
         self.host = Host(o)
         self.host.start()
-        app = create_app(self.host, max_input_size=o.http_max_input_size)
+        if not journal.restored and o.model_control_mode == "explicit":
+            for mv in self.host.manager.loaded():
+                journal.models.setdefault(mv.name, None)
+        restore(self.host, journal)
+        from host import restricted, tls
+
+        app = create_app(self.host, max_input_size=o.http_max_input_size,
+                         restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
             from host.grpc.server import start_grpc_server
 
             try:
                 self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
-                                              compression_level=o.grpc_compression_level)
+                                              compression_level=o.grpc_compression_level,
+                                              restrictions=restricted.grpc(o.grpc_restricted_protocol),
+                                              credentials=tls.grpc_credentials(o))
             except OSError as exc:
                 raise startup.StartupError(startup.port_error(
                     "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None
@@ -156,7 +176,19 @@ class ServerApplication(BaseApplication):
         if self.host is not None:
             self.host.stop()
 
+    def front_end_failure(self) -> str | None:
+        """Why a front end of this worker stopped serving, or None; the worker's heartbeat asks
+        (host.http.worker) and leaves when there is one, so that the master starts a new one."""
+        if self.grpc is not None and self.grpc.failure:
+            return self.grpc.failure
+        return None
+
+    def _post_worker_init(self, worker: Any) -> None:
+        _graceful_worker_sigint(worker)
+        self.supervisor.worker_booted()
+
     def _worker_exit(self, server: Any, worker: Any) -> None:
+        self.supervisor.worker_exiting()
         # The HTTP connections are drained by now; let gRPC calls in flight finish too.
         if self.grpc is not None:
             self.grpc.stop(grace=self.options.exit_timeout_secs)
