@@ -220,12 +220,17 @@ def _serve_parser(sub) -> None:
     _flag(p, "--grpc-use-ssl", "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)")
     _flag(p, "--grpc-use-ssl-mutual", "gRPC over mutual TLS: clients must present a certificate "
           "signed by --grpc-root-cert")
-    p.add_argument("--grpc-server-cert", type=Path, default=None, metavar="PEM")
-    p.add_argument("--grpc-server-key", type=Path, default=None, metavar="PEM")
-    p.add_argument("--grpc-root-cert", type=Path, default=None, metavar="PEM")
+    p.add_argument("--grpc-server-cert", type=Path, default=None, metavar="PEM",
+                   help="the gRPC server's certificate (chain), for --grpc-use-ssl")
+    p.add_argument("--grpc-server-key", type=Path, default=None, metavar="PEM",
+                   help="the private key of --grpc-server-cert")
+    p.add_argument("--grpc-root-cert", type=Path, default=None, metavar="PEM",
+                   help="CA certificates that gRPC client certificates are checked against "
+                        "(--grpc-use-ssl-mutual)")
     p.add_argument("--http-ssl-cert", type=Path, default=None, metavar="PEM",
                    help="serve HTTPS with this certificate (chain) and --http-ssl-key")
-    p.add_argument("--http-ssl-key", type=Path, default=None, metavar="PEM")
+    p.add_argument("--http-ssl-key", type=Path, default=None, metavar="PEM",
+                   help="the private key of --http-ssl-cert")
     p.add_argument("--http-ssl-root-cert", type=Path, default=None, metavar="PEM",
                    help="CA certificates that client certificates are checked against")
     _flag(p, "--http-ssl-mutual", "HTTPS clients must present a certificate signed by "
