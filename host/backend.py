@@ -37,7 +37,7 @@ class ModelSpec:
     version: int
     repository: Path  # the repository root holding the model
     path: Path  # <repository>/<name>
-    config: "model_config_pb2.ModelConfig"
+    config: model_config_pb2.ModelConfig
     backend: str = ""
 
     @property

@@ -339,7 +339,7 @@ class Host:
     @staticmethod
     def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:
         try:
-            mv.scheduler.submit(request)
+            mv.scheduler.submit(request)  # type: ignore[union-attr]
         except BaseException as exc:
             if not request.completed:
                 err = exc if isinstance(exc, HostError) else InternalError(str(exc))

@@ -163,4 +163,4 @@ def array_to_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes(array.reshape(-1))
     array = np.ascontiguousarray(array)
-    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
+    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""  # type: ignore[arg-type]

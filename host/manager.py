@@ -133,7 +133,7 @@ class ModelManager:
     def _index_rows(entry: ModelEntry) -> list[dict[str, Any]]:
         rows = []
         for v in sorted(entry.versions.values(), key=lambda v: v.version):
-            row = {"name": entry.name, "version": str(v.version), "state": v.state}
+            row: dict[str, Any] = {"name": entry.name, "version": str(v.version), "state": v.state}
             if v.reason:
                 row["reason"] = v.reason
             rows.append(row)
@@ -142,7 +142,7 @@ class ModelManager:
                 rows.append({"name": entry.name, "version": str(version), "state": UNAVAILABLE,
                              "reason": reason})
         if not rows:
-            row: dict[str, Any] = {"name": entry.name}
+            row = {"name": entry.name}
             if entry.error or entry.unloaded:
                 row.update(state=UNAVAILABLE, reason=entry.error or "unloaded")
             rows.append(row)

@@ -196,7 +196,8 @@ class DynamicBatcher:
                 self._cond.wait(remaining / 1e9)
                 if not self._queue:  # another instance took them
                     return []
-            batch, rows = [], 0
+            batch: list[InferenceRequest] = []
+            rows = 0
             while self._queue and (not batch or rows + self._queue[0].batch_size <= self.max_batch):
                 r = self._queue.popleft()
                 rows += r.batch_size

@@ -293,7 +293,7 @@ def encode_infer_response(response: InferenceResponse, request_id: str = "",
     """A ModelInferResponse carrying every output in raw_output_contents (unless `with_contents`
     is False: then the caller frames them, see `FramedResponse`)."""
     outputs = []
-    raws = []
+    raws: list = []
     for t in response.outputs:
         out = InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape)
         if t.parameters:

@@ -214,6 +214,7 @@ class _StreamCall:
         self._send_status()
 
     def _start_send(self, data: bytes) -> None:
+        operations: tuple[Any, ...]
         if self._metadata_sent:
             operations = (_SendMessage(data, _NO_FLAGS),)
         else:
@@ -241,6 +242,7 @@ class _StreamCall:
 
     def _send_status(self) -> None:
         status = _SendStatus(None, _OK, b"", _NO_FLAGS)
+        operations: tuple[Any, ...]
         if self._metadata_sent:
             operations = (status,)
         else:

@@ -360,7 +360,7 @@ class Logging(_Resource):
             if value is None:
                 continue
             kind = self._TYPES.get(key)
-            if kind is not None and (type(value) is not kind or (kind is int and value < 0)):
+            if kind is not None and (type(value) is not kind or (kind is int and value < 0)):  # type: ignore[operator]
                 raise InvalidArgumentError(self._TYPE_ERRORS[kind])
             changes[key] = value
         _json(resp, self.host.log_settings(changes))

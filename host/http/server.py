@@ -48,7 +48,7 @@ class _Body:
 
     __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure")
 
-    def __init__(self, conn: "_Connection", length: int, chunked: bool, expect_continue: bool) -> None:
+    def __init__(self, conn: _Connection, length: int, chunked: bool, expect_continue: bool) -> None:
         self._conn = conn
         self._buf = b""  # body bytes already received, not yet given to the app (chunked only)
         self._remaining = length  # Content-Length bodies: bytes still to give
@@ -247,7 +247,7 @@ class HTTPServer:
 
     @classmethod
     def bind(cls, app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, *, backlog: int = 1024,
-             **kwargs: Any) -> "HTTPServer":
+             **kwargs: Any) -> HTTPServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -282,7 +282,7 @@ class HTTPServer:
                 continue
             try:
                 sock, client = listener.accept()
-            except (socket.timeout, BlockingIOError, InterruptedError):
+            except (TimeoutError, BlockingIOError, InterruptedError):
                 self._slots.release()
                 continue
             except OSError:
