@@ -276,6 +276,7 @@ class Host:
         wanted = {o.name for o in request.outputs} or None
         name, version, stats = mv.name, str(mv.version), mv.stats
         shm_outputs = request.shm_outputs
+        reshape = mv.rules.reshape_outputs if mv.rules.output_reshapes else None
         classes = request.classification
         shm_manager = self.shm
         error: HostError | None = None
@@ -292,6 +293,8 @@ class Host:
                 if latency is not None and latency.first_response is not None:
                     _first_response(request, latency)
                 response.model_name, response.model_version, response.id = name, version, request.id
+                if reshape is not None and response.error is None:
+                    reshape(response)  # an output that cannot take its dims makes it an error
                 if response.error is not None:
                     error = response.error
                 else:

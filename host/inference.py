@@ -79,6 +79,9 @@ class InferenceRequest:
     # HTTP raw binary request: the one input's raw bytes, its name and shape still to be
     # deduced from the model configuration (host.raw_input).
     raw_input: bool = False
+    # Implicit state of the request's sequence (host.sequence.state.SequenceStates), set by the
+    # sequence batcher for the execute: native backends update it through TRITONBACKEND_State*.
+    sequence_states: Any = None
     # A BLS request: the instances its callers hold while they wait for it (host.bls).
     held: tuple[Any, ...] = ()
 

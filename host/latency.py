@@ -21,7 +21,8 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,19 @@ class LatencyConfig:
     @property
     def any(self) -> bool:
         return self.summaries or self.histograms
+
+
+def for_model(config: LatencyConfig, model_config: Any) -> LatencyConfig:
+    """Triton's `model_metrics`: a model's own buckets for the first-response histogram (the one
+    family Triton lets a model customize; others are warned about, as Triton does)."""
+    for control in model_config.model_metrics.metric_control:
+        family = control.metric_identifier.family
+        if family == FIRST_RESPONSE[0]:
+            config = replace(config, buckets=tuple(control.histogram_options.buckets))
+        else:
+            log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric "
+                        "in Triton core.", family)
+    return config
 
 
 def parse_metrics_config(settings: dict[str, str]) -> LatencyConfig:

@@ -20,7 +20,7 @@ from host import overrides, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
-from host.latency import LatencyConfig, LatencyRecorder
+from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 
@@ -304,7 +304,7 @@ class ModelManager:
             config_mod.normalize_config(spec.config, entry.name)
             mv = ModelVersion(spec)
             if self.latency_config is not None:  # summaries / histograms (host.latency)
-                mv.stats.latency = LatencyRecorder(self.latency_config,
+                mv.stats.latency = LatencyRecorder(for_model(self.latency_config, spec.config),
                                                    bool(spec.config.response_cache.enable))
             mv.load(backend)
             mv.load_duration_secs = time.perf_counter() - started

@@ -10,11 +10,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from host import classification
+from host import classification, config_support
 from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
 from host.scheduler import DirectScheduler, DynamicBatcher, InstanceSlot
+from host.sequence import SequenceBatcher
 from host.stats import ModelStats
 from host.validation import RequestRules
 
@@ -39,7 +40,8 @@ def instance_specs(config: model_config_pb2.ModelConfig) -> list[InstanceSpec]:
         for device in devices:
             for _ in range(max(group.count, 1)):
                 specs.append(InstanceSpec(name=f"{group.name}_{n}", kind=kind, device_id=device,
-                                          group=group.name, host_policy=group.host_policy))
+                                          group=group.name, host_policy=group.host_policy,
+                                          extra={"passive": group.passive}))
                 n += 1
     return specs
 
@@ -58,7 +60,7 @@ class ModelVersion:
         self.labels = classification.load_labels(spec.config, spec.path)
         self._model: Model | None = None
         self._slots: list[InstanceSlot] = []
-        self.scheduler: DirectScheduler | DynamicBatcher | None = None
+        self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
         self.tracing = False  # set once a request of this model was sampled (host.trace)
@@ -66,6 +68,7 @@ class ModelVersion:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:
+        config_support.check(self.config)  # nothing in the configuration is silently ignored
         try:
             self._model = backend.create_model(self.spec)
             self._model.initialize()
@@ -84,16 +87,24 @@ class ModelVersion:
         except BaseException:
             self._finalize()
             raise
-        self.scheduler = self._make_scheduler()
+        try:
+            self.scheduler = self._make_scheduler()
+        except BaseException:  # e.g. an implicit state's initial value that cannot be read
+            self._finalize()
+            raise
         self.state = READY
 
-    def _make_scheduler(self) -> DirectScheduler | DynamicBatcher:
+    def _make_scheduler(self) -> DirectScheduler | DynamicBatcher | SequenceBatcher:
         cfg = self.config
+        # Passive instances are loaded but never scheduled (Triton's instance_group.passive).
+        slots = [s for s in self._slots if not s.spec.extra.get("passive")]
+        if cfg.WhichOneof("scheduling_choice") == "sequence_batching":
+            return SequenceBatcher(self, slots)
         if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
             db = cfg.dynamic_batching
-            return DynamicBatcher(self, self._slots, cfg.max_batch_size, list(db.preferred_batch_size),
+            return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),
                                   db.max_queue_delay_microseconds)
-        return DirectScheduler(self, self._slots)
+        return DirectScheduler(self, slots)
 
     def unload(self, timeout: float | None = None) -> None:
         """Refuse new requests, wait for those in flight (final responses included), finalize."""

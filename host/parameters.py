@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from host import classification
-from host.errors import InvalidArgumentError
+from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest
 
 RESERVED_PREFIX = "triton_"
 # The one `triton_` key a client may send: ask for the flags-only final response on a stream.
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+# Triton's limit on string correlation ids (TRITONSERVER_InferenceRequestSetCorrelationIdString).
+MAX_STRING_SEQUENCE_ID = 128
 # Consumed by the HTTP front end (output format); never reaches a model.
 _FRONT_END_ONLY = ("binary_data_output",)
 
@@ -31,6 +33,9 @@ def interpret(request: InferenceRequest) -> None:
             if not (_unsigned(value) or type(value) is str):
                 raise InvalidArgumentError(
                     "Unable to parse 'sequence_id': expected an unsigned integer or a string")
+            if type(value) is str and len(value) > MAX_STRING_SEQUENCE_ID:
+                raise UnsupportedError(
+                    "string correlation ID cannot be longer than 128 characters")
             request.sequence_id = value
         elif key in ("sequence_start", "sequence_end"):
             if type(value) is not bool:

@@ -36,11 +36,13 @@ class InstanceSlot:
         self.spec, self.instance = spec, instance
 
 
-def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest]) -> None:
+def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest],
+                  padding: int = 0) -> None:
     """Run one execute and make sure every request of a non-decoupled model gets its response.
 
     Statistics: compute_input is up to the `execute` call, compute_infer the call, compute_output
-    the handing out of the responses (see host.stats)."""
+    the handing out of the responses (see host.stats). `padding`: how many of the requests are the
+    sequence batcher's padding (counted in the batch size, not as requests, as in Triton)."""
     start = time.perf_counter_ns()
     rows = 0
     for r in requests:
@@ -66,7 +68,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     reported = report() if report is not None else None
     if reported is not None:
         input_ns, infer_ns = reported[0], reported[1]
-    model.stats.execution_done(len(requests), rows, infer_ns, input_ns)
+    counted = len(requests) - padding
+    model.stats.execution_done(counted, rows, infer_ns, input_ns)
     handing = time.perf_counter_ns()
     if failure is not None:
         err = failure if isinstance(failure, HostError) else InternalError(
@@ -85,7 +88,7 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
                     request.respond(response, True)
     if not model.decoupled and not all(r.completed for r in requests):
         _fail(requests, InternalError(f"model '{model.name}' sent no response for the request"))
-    model.stats.output_done(len(requests), rows,
+    model.stats.output_done(counted, rows,
                             reported[2] if reported is not None else time.perf_counter_ns() - handing)
 
 

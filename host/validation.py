@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from host import datatypes
-from host.errors import InvalidArgumentError
+from host.errors import InternalError, InvalidArgumentError
 from host.proto import model_config_pb2
 
 if TYPE_CHECKING:
-    from host.inference import InferenceRequest
+    from host.inference import InferenceRequest, InferenceResponse, Tensor
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,12 @@ class RequestRules:
         }
         self.outputs = {o.name for o in config.output}
         self.required = [n for n, r in self.inputs.items() if not r.optional]
+        # `reshape`: the backend sees inputs in their reshape shape and produces outputs in theirs,
+        # while clients use dims (name -> (what the tensor has, what it becomes)).
+        self.input_reshapes = {i.name: (tuple(i.dims), tuple(i.reshape.shape))
+                               for i in config.input if i.HasField("reshape")}
+        self.output_reshapes = {o.name: (tuple(o.reshape.shape), tuple(o.dims))
+                                for o in config.output if o.HasField("reshape")}
 
     def check(self, request: InferenceRequest) -> None:
         """Raise InvalidArgumentError for the first rule the request breaks; set its batch size.
@@ -57,6 +63,15 @@ class RequestRules:
             raise self._count_error(request)  # an optional input given in place of a required one
         batch = self._check_shapes(request)
         request.batch_size = batch
+        if self.input_reshapes:
+            for name, (dims, shape) in self.input_reshapes.items():
+                if name in inputs:
+                    try:
+                        self._reshape(inputs[name], dims, shape)
+                    except ValueError:
+                        raise InvalidArgumentError(
+                            f"input '{name}' of shape {_shape(inputs[name].shape)} cannot take "
+                            f"the reshape {_shape(shape)} of model '{self.model}'") from None
         for out in request.outputs:
             if out.name not in self.outputs:
                 raise InvalidArgumentError(
@@ -103,6 +118,33 @@ class RequestRules:
                     f"unexpected shape for input '{name}' for model '{self.model}'. Expected "
                     f"{_shape(full)}, got {_shape(tensor.shape)}")
         return batch or 1
+
+
+    def reshape_outputs(self, response: InferenceResponse) -> None:
+        """Give outputs with a `reshape` the shape of their dims (run on every response)."""
+        for tensor in response.outputs:
+            pair = self.output_reshapes.get(tensor.name)
+            if pair is None:
+                continue
+            try:
+                self._reshape(tensor, *pair)
+            except ValueError:
+                response.outputs, response.error = [], InternalError(
+                    f"output '{tensor.name}' of model '{self.model}' has shape "
+                    f"{_shape(tensor.shape)}, which does not match its reshape "
+                    f"{_shape(pair[0])}")
+                return
+
+    def _reshape(self, tensor: Tensor, given: tuple[int, ...], target: tuple[int, ...]) -> None:
+        """`tensor` (shaped `given`, after any batch dimension) reshaped to `target`: each
+        variable-size dimension of `target` takes the size of the matching one of `given`."""
+        batch = tensor.shape[:1] if self.max_batch_size > 0 else []
+        rest = tensor.shape[len(batch):]
+        sizes = iter([size for size, dim in zip(rest, given) if dim == -1])
+        shape = batch + [next(sizes, 1) if dim == -1 else dim for dim in target]
+        if shape != tensor.shape and tensor.data is not None:
+            tensor.data = tensor.data.reshape(shape)
+            tensor.shape = shape
 
 
 def _matches(dims: tuple[int, ...], shape: list[int]) -> bool:

@@ -55,6 +55,9 @@ def test_python_snippets_run_and_print_what_the_readme_says(server):
     assert (stats.inference_stats.cache_hit.count, stats.inference_stats.cache_miss.count,
             stats.execution_count) == (2, 1, 1)
     assert "2 1 1" in printed
+    assert namespace["sums"] == [("100/0", 1), ("100/1", 3), ("100/2", 6),      # sequences
+                                 ("200/0", -1), ("200/1", -3), ("200/2", -6)]
+    assert namespace["total"].tolist() == [18]                                 # implicit state
     assert "simple [1 2 3]" in printed and "onnx_add_sub [1 2 3]" in printed  # BLS routing
 
 

@@ -55,13 +55,20 @@ class _Slot:
 
 
 class Ticket:
-    """An admitted request: its place in the response order (if it has one) and its kind."""
+    """An admitted request: its place in the response order (if it has one) and its kind.
 
-    __slots__ = ("slot", "decoupled")
+    A request to a sequence model also waits for the previous such request of the stream to be
+    submitted (`after`) and then lets the next one go (`submitted`): the requests of a sequence
+    must reach the sequence batcher in the order they came (its submit only queues them)."""
 
-    def __init__(self, slot: _Slot | None, decoupled: bool) -> None:
+    __slots__ = ("slot", "decoupled", "after", "submitted")
+
+    def __init__(self, slot: _Slot | None, decoupled: bool,
+                 after: threading.Event | None = None,
+                 submitted: threading.Event | None = None) -> None:
         self.slot = slot
         self.decoupled = decoupled
+        self.after, self.submitted = after, submitted
 
 
 class Stream:
@@ -75,11 +82,12 @@ class Stream:
         self._reading = True
         self._closed = False
         self._order: collections.deque[_Slot] = collections.deque()
+        self._last_sequenced: threading.Event | None = None  # see Ticket
 
     # --- from the transport --------------------------------------------------------------------
     def admit(self, msg: Any) -> Ticket | None:
         """A request message arrived: give it its place. None: the stream is over, drop it."""
-        decoupled = self._decoupled(msg)
+        decoupled, sequenced = self._kind(msg)
         with self._lock:
             if self._closed:
                 return None
@@ -88,12 +96,18 @@ class Stream:
             if not decoupled:
                 slot = _Slot()
                 self._order.append(slot)
-        return Ticket(slot, decoupled)
+            after = submitted = None
+            if sequenced:
+                after, submitted = self._last_sequenced, threading.Event()
+                self._last_sequenced = submitted
+        return Ticket(slot, decoupled, after, submitted)
 
     def run(self, msg: Any, ticket: Ticket) -> None:
         """Decode an admitted request and submit it to the host; errors go out on the stream."""
         slot = ticket.slot
         request = None
+        if ticket.after is not None:
+            ticket.after.wait()
         try:
             request = codec.decode_infer_request(msg)
             if self.forward is not None:
@@ -114,6 +128,9 @@ class Stream:
                 exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
             self._emit(slot, codec.stream_error(exc.message, msg.id))
             self._finished()
+        finally:
+            if ticket.submitted is not None:
+                ticket.submitted.set()
 
     def request_error(self, message: str) -> None:
         """A message of the stream could not be read as a request."""
@@ -139,12 +156,14 @@ class Stream:
             log.info("gRPC stream ended with %d request(s) in flight: cancelled them", len(running))
 
     # --- helpers -------------------------------------------------------------------------------
-    def _decoupled(self, msg: Any) -> bool:
+    def _kind(self, msg: Any) -> tuple[bool, bool]:
+        """(decoupled, sequence model) of the model the request names."""
         try:
             config = self.host.model_config(msg.model_name, msg.model_version)
         except HostError:
-            return False  # the error is reported when the request is submitted, in order
-        return config.model_transaction_policy.decoupled
+            return False, False  # the error is reported when the request is submitted, in order
+        return (config.model_transaction_policy.decoupled,
+                config.WhichOneof("scheduling_choice") == "sequence_batching")
 
     def _callback(self, request: InferenceRequest, msg: Any, slot: _Slot | None, decoupled: bool,
                   empty_final: bool) -> ResponseCallback:

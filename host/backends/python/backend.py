@@ -513,9 +513,11 @@ class PythonInstance(Instance):
                 pass
         requested = set(request.requested_output_names)
         expected = self.model.output_datatypes
+        # Implicit state: an output named after a state is kept for the sequence batcher.
+        states = request.sequence_states.by_output if request.sequence_states is not None else ()
         for tensor in response.output_tensors():
             name = tensor.name()
-            if requested and name not in requested:
+            if requested and name not in requested and name not in states:
                 continue
             datatype = tensor._datatype
             want = expected.get(name)

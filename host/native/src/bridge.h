@@ -187,7 +187,7 @@ struct TRITONBACKEND_Request {
   atomic_bool released;
   char* id;
   uint64_t correlation_id;
-  char* correlation_id_string;
+  char* correlation_id_string; /* NULL when the id is an unsigned integer */
   uint32_t flags;
   uint64_t timeout_us;
   uint32_t input_count;
@@ -196,7 +196,11 @@ struct TRITONBACKEND_Request {
   char** output_names;
   uint32_t param_count;
   mh_param* params;
+  struct TRITONBACKEND_State* states; /* made by TRITONBACKEND_StateNew (sequence.c) */
 };
+
+/* Free a request's implicit-state objects (sequence.c). */
+void mh_states_free(struct TRITONBACKEND_State* states);
 
 /* Build a backend request from a host InferenceRequest (GIL held). NULL + exception set on error. */
 TRITONBACKEND_Request* mh_request_new(TRITONBACKEND_ModelInstance* instance, PyObject* request);

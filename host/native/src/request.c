@@ -174,6 +174,7 @@ static void request_free(TRITONBACKEND_Request* r, bool gil_held) {
   free(r->params);
   free(r->id);
   free(r->correlation_id_string);
+  mh_states_free(r->states);
   free(r);
 }
 
@@ -190,8 +191,7 @@ TRITONBACKEND_Request* mh_request_new(TRITONBACKEND_ModelInstance* instance, PyO
   if (PyUnicode_Check(seq)) {
     r->correlation_id_string = utf8_dup(seq);
   } else {
-    r->correlation_id = PyLong_AsUnsignedLongLongMask(seq);
-    r->correlation_id_string = mh_strdup("");
+    r->correlation_id = PyLong_AsUnsignedLongLongMask(seq); /* string stays NULL */
   }
   if ((o = PyObject_GetAttr(request, mh_attr_sequence_start)) == NULL) goto fail;
   if (PyObject_IsTrue(o) == 1) r->flags |= TRITONSERVER_REQUEST_FLAG_SEQUENCE_START;
@@ -270,35 +270,9 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryIsCancelled(
   return NULL;
 }
 
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestCorrelationId(TRITONBACKEND_Request* request,
-                                                                 uint64_t* id) {
-  if (request->correlation_id_string[0] != '\0')
-    return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
-                    "correlation ID of request '%s' is a string, not an unsigned integer",
-                    request->id);
-  *id = request->correlation_id;
-  return NULL;
-}
-
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestCorrelationIdString(
-    TRITONBACKEND_Request* request, const char** id) {
-  if (request->correlation_id_string[0] == '\0' && request->correlation_id != 0)
-    return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
-                    "correlation ID of request '%s' is an unsigned integer, not a string",
-                    request->id);
-  *id = request->correlation_id_string;
-  return NULL;
-}
-
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_InferenceRequestTimeoutMicroseconds(
     TRITONBACKEND_Request* request, uint64_t* timeout) {
   *timeout = request->timeout_us;
-  return NULL;
-}
-
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestFlags(TRITONBACKEND_Request* request,
-                                                         uint32_t* flags) {
-  *flags = request->flags;
   return NULL;
 }
 

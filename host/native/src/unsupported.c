@@ -6,22 +6,6 @@
  * Triton resolves at load time; calling one returns an UNSUPPORTED error. */
 #include "bridge.h"
 
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBuffer(TRITONBACKEND_State* state, void** buffer, const uint64_t buffer_byte_size, TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id) {
-  return mh_unsupported("TRITONBACKEND_StateBuffer");
-}
-
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBufferAttributes(TRITONBACKEND_State* state, TRITONSERVER_BufferAttributes** buffer_attributes) {
-  return mh_unsupported("TRITONBACKEND_StateBufferAttributes");
-}
-
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state, TRITONBACKEND_Request* request, const char* name, const TRITONSERVER_DataType datatype, const int64_t* shape, const uint32_t dims_count) {
-  return mh_unsupported("TRITONBACKEND_StateNew");
-}
-
-MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateUpdate(TRITONBACKEND_State* state) {
-  return mh_unsupported("TRITONBACKEND_StateUpdate");
-}
-
 MH_EXPORT struct TRITONSERVER_Error* TRITONSERVER_InferenceTraceContext(struct TRITONSERVER_InferenceTrace* trace, const char** trace_context) {
   return mh_unsupported("TRITONSERVER_InferenceTraceContext");
 }

@@ -53,6 +53,15 @@ class OnnxModel(Model):
         self.batching = cfg.max_batch_size > 0
         self.input_types = {i.name: _datatype(i.data_type) for i in cfg.input}
         self.output_types = {o.name: _datatype(o.data_type) for o in cfg.output}
+        # A sequence model also takes the control inputs and implicit state the host adds to its
+        # requests, and produces the next state (host.sequence).
+        sequence = cfg.sequence_batching
+        for control_input in sequence.control_input:
+            for control in control_input.control:
+                self.input_types[control_input.name] = _control_datatype(control)
+        for state in sequence.state:
+            self.input_types[state.input_name] = _datatype(state.data_type)
+            self.output_types.setdefault(state.output_name, _datatype(state.data_type))
 
     def create_instance(self, spec: InstanceSpec) -> OnnxInstance:
         return OnnxInstance(self, spec)
@@ -153,6 +162,15 @@ def _datatype(config_type: int) -> str:
     return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
 
 
+def _control_datatype(control: Any) -> str:
+    """The datatype of a sequence control input (Triton's rules, host.sequence.controls)."""
+    if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+        return _datatype(control.data_type)
+    if len(control.fp32_false_true):
+        return "FP32"
+    return "BOOL" if len(control.bool_false_true) else "INT32"
+
+
 def _config_type(datatype: str) -> int:
     return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype)
 
@@ -188,11 +206,18 @@ def auto_complete(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequen
                 f"model '{config.name}' has max_batch_size {config.max_batch_size}, but the first "
                 f"dimension of {fixed} in the ONNX model is not variable, so it cannot batch")
     skip = 1 if config.max_batch_size > 0 else 0
+    # A sequence model's control inputs and implicit state are the host's to fill in, not
+    # inputs or outputs of the client's (Triton does not list them either).
+    sequence = config.sequence_batching
+    hidden = ({c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
+              | {s.output_name for s in sequence.state})
     for kind, listed, args in (("input", config.input, inputs), ("output", config.output, outputs)):
         by_name = {t.name: t for t in listed}
         for arg in args:
             tensor = by_name.get(arg.name)
             if tensor is None:
+                if arg.name in hidden:
+                    continue
                 tensor = listed.add(name=arg.name)
             if tensor.data_type == mc.TYPE_INVALID:
                 tensor.data_type = _config_type(

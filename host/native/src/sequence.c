@@ -1,0 +1,182 @@
+/* Sequences for native backends: a request's correlation id and flags, and implicit state
+ * (TRITONBACKEND_State*), after Triton's core.
+ *
+ * Implicit state lives in the host (host.sequence.state.SequenceStates, one per sequence); the
+ * sequence batcher hands it to a request as `request.sequence_states` and has already added the
+ * state's current value to the request's inputs, so a backend reads it with
+ * TRITONBACKEND_RequestInput(<input_name>). To produce the next value it calls
+ * TRITONBACKEND_StateNew(<output_name>), writes into TRITONBACKEND_StateBuffer, and calls
+ * TRITONBACKEND_StateUpdate, which copies the bytes into the host's SequenceStates. State objects
+ * belong to their request and are freed with it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bridge.h"
+
+struct TRITONBACKEND_State {
+  struct TRITONBACKEND_State* next; /* the request's list */
+  TRITONBACKEND_Request* request;
+  char* name;
+  TRITONSERVER_DataType datatype;
+  int64_t* shape;
+  uint32_t dims_count;
+  void* buffer;
+  uint64_t byte_size;
+  TRITONSERVER_BufferAttributes attributes;
+};
+
+/* --- correlation id and flags ----------------------------------------------------------------- */
+
+/* Triton's LogRequest(): "[request id: <id>] ", the prefix of its core's request errors. */
+static const char* request_label(TRITONBACKEND_Request* request) {
+  return request->id != NULL && request->id[0] != '\0' ? request->id : "<id_unknown>";
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestCorrelationId(TRITONBACKEND_Request* request,
+                                                                 uint64_t* id) {
+  if (request->correlation_id_string != NULL)
+    return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
+                    "[request id: %s] correlation ID in request is not an unsigned int",
+                    request_label(request));
+  *id = request->correlation_id;
+  return NULL;
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestCorrelationIdString(
+    TRITONBACKEND_Request* request, const char** id) {
+  if (request->correlation_id_string == NULL)
+    return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
+                    "[request id: %s] correlation ID in request is not a string",
+                    request_label(request));
+  *id = request->correlation_id_string;
+  return NULL;
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestFlags(TRITONBACKEND_Request* request,
+                                                         uint32_t* flags) {
+  *flags = request->flags;
+  return NULL;
+}
+
+/* --- implicit state --------------------------------------------------------------------------- */
+
+/* The request's SequenceStates (new reference), or NULL (no exception) when it has none. */
+static PyObject* sequence_states(TRITONBACKEND_Request* request) {
+  PyObject* states = PyObject_GetAttrString(request->py->request, "sequence_states");
+  if (states == NULL) PyErr_Clear();
+  if (states == Py_None) Py_CLEAR(states);
+  return states;
+}
+
+/* 1: `name` is one of the states' output names; 0: it is not; -1: Python failed. */
+static int is_state_output(PyObject* states, const char* name) {
+  PyObject* by_output = PyObject_GetAttrString(states, "by_output");
+  if (by_output == NULL) return -1;
+  PyObject* key = PyUnicode_FromString(name);
+  int found = key != NULL ? PySequence_Contains(by_output, key) : -1;
+  Py_XDECREF(key);
+  Py_DECREF(by_output);
+  return found;
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state,
+                                                     TRITONBACKEND_Request* request,
+                                                     const char* name,
+                                                     const TRITONSERVER_DataType datatype,
+                                                     const int64_t* shape,
+                                                     const uint32_t dims_count) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* states = sequence_states(request);
+  int found = states != NULL ? is_state_output(states, name) : 0;
+  Py_XDECREF(states);
+  if (found < 0) PyErr_Clear();
+  PyGILState_Release(gil);
+  if (states == NULL)
+    return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
+                    "unable to add state '%s'. State configuration is missing for model '%s'.",
+                    name, request->instance->model->name);
+  if (found != 1)
+    return mh_error(TRITONSERVER_ERROR_INVALID_ARG, "state '%s' is not a valid state name.", name);
+
+  TRITONBACKEND_State* s = calloc(1, sizeof(*s));
+  s->request = request;
+  s->name = mh_strdup(name);
+  s->datatype = datatype;
+  s->dims_count = dims_count;
+  s->shape = malloc(sizeof(int64_t) * (dims_count ? dims_count : 1));
+  if (dims_count) memcpy(s->shape, shape, sizeof(int64_t) * dims_count);
+  s->attributes.memory_type = TRITONSERVER_MEMORY_CPU;
+  s->next = request->states;
+  request->states = s;
+  *state = s;
+  return NULL;
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBuffer(TRITONBACKEND_State* state, void** buffer,
+                                                        const uint64_t buffer_byte_size,
+                                                        TRITONSERVER_MemoryType* memory_type,
+                                                        int64_t* memory_type_id) {
+  if (state->buffer == NULL || state->byte_size != buffer_byte_size) {
+    void* grown = realloc(state->buffer, buffer_byte_size ? buffer_byte_size : 1);
+    if (grown == NULL)
+      return mh_error(TRITONSERVER_ERROR_INTERNAL, "failed to allocate %llu bytes for state '%s'",
+                      (unsigned long long)buffer_byte_size, state->name);
+    state->buffer = grown;
+    state->byte_size = buffer_byte_size;
+  }
+  state->attributes.byte_size = (size_t)buffer_byte_size;
+  *buffer = state->buffer;
+  *memory_type = TRITONSERVER_MEMORY_CPU; /* host memory only: the host has no device memory */
+  *memory_type_id = 0;
+  return NULL;
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBufferAttributes(
+    TRITONBACKEND_State* state, TRITONSERVER_BufferAttributes** buffer_attributes) {
+  *buffer_attributes = &state->attributes;
+  return NULL;
+}
+
+MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateUpdate(TRITONBACKEND_State* state) {
+  TRITONSERVER_Error* err = NULL;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* states = sequence_states(state->request);
+  PyObject* shape = PyTuple_New(state->dims_count);
+  for (uint32_t d = 0; shape != NULL && d < state->dims_count; d++)
+    PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(state->shape[d]));
+  PyObject* result = NULL;
+  if (states != NULL && shape != NULL)
+    result = PyObject_CallMethod(states, "update_from_native", "ssOy#", state->name,
+                                 TRITONSERVER_DataTypeString(state->datatype), shape,
+                                 state->buffer ? (const char*)state->buffer : "",
+                                 (Py_ssize_t)state->byte_size);
+  if (result == NULL) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* text = value != NULL ? PyObject_Str(value) : NULL;
+    const char* message = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+    err = mh_error(TRITONSERVER_ERROR_INVALID_ARG, "failed to update state '%s': %s", state->name,
+                   message != NULL ? message : "the request has no sequence state");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+  }
+  Py_XDECREF(result);
+  Py_XDECREF(shape);
+  Py_XDECREF(states);
+  PyGILState_Release(gil);
+  return err;
+}
+
+void mh_states_free(TRITONBACKEND_State* states) {
+  while (states != NULL) {
+    TRITONBACKEND_State* next = states->next;
+    free(states->name);
+    free(states->shape);
+    free(states->buffer);
+    free(states);
+    states = next;
+  }
+}

@@ -1,0 +1,352 @@
+"""The sequence batcher: stateful models (`sequence_batching`), after Triton's.
+
+A sequence is the run of requests that share a correlation id (`sequence_id`), from the one
+flagged START to the one flagged END. The batcher
+
+- gives each new sequence a batch slot of one instance, and every request of the sequence goes
+  to that slot, in order: at most one request of a sequence is in an execute at a time. When
+  every slot is taken, a new sequence waits in the backlog (oldest first) until a slot frees;
+- runs one thread per instance that forms batches from the requests waiting in its slots:
+  - `direct`: slot i is row i of the batch, so a model can keep state per row; a slot below the
+    highest busy one that has no request gets a padding request whose READY control is false
+    (its response is dropped). A batch waits up to `max_queue_delay_microseconds` for
+    `minimum_slot_utilization` of the slots to have a request;
+  - `oldest`: `max_candidate_sequences` slots per instance; a batch takes the oldest waiting
+    request of each sequence, up to `max_batch_size`, and waits up to
+    `max_queue_delay_microseconds` for the largest `preferred_batch_size`;
+- fills in the control inputs (`host.sequence.controls`) and the implicit state
+  (`host.sequence.state`) of each request just before its execute;
+- releases a slot at END, and the slot of a sequence idle for longer than
+  `max_sequence_idle_microseconds` (a client that went away): that sequence is then forgotten,
+  and a request that continues it fails as one that never started.
+
+Requests are checked with Triton's messages before they queue: the correlation id's type against
+the CORRID control, batch size 1, a non-zero id, and START on the first request of a sequence.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from host.errors import CancelledError, InvalidArgumentError, UnavailableError
+from host.inference import InferenceRequest, InferenceResponse, Tensor
+from host.scheduler import InstanceSlot, execute_batch
+from host.sequence.controls import Controls, in_sequence
+from host.sequence.state import SequenceStates, StateSpecs
+
+if TYPE_CHECKING:
+    from host.model import ModelVersion
+
+log = logging.getLogger(__name__)
+
+
+class _Sequence:
+    __slots__ = ("id", "slot", "queue", "last_ns", "expired", "corrid")
+
+    def __init__(self, sequence_id: int | str, corrid: Tensor | None) -> None:
+        self.id = sequence_id
+        self.corrid = corrid  # the CORRID control tensor, the same for every request
+        self.slot: _Slot | None = None
+        self.queue: collections.deque[InferenceRequest] = collections.deque()
+        self.last_ns = 0
+        self.expired = False  # idle too long: released once its queue is empty
+
+
+def _head(slot: _Slot) -> _Sequence:
+    """The sequence of a busy slot."""
+    sequence = slot.sequence
+    assert sequence is not None
+    return sequence
+
+
+class _Slot:
+    __slots__ = ("worker", "index", "sequence", "states")
+
+    def __init__(self, worker: _Worker, index: int, states: SequenceStates | None) -> None:
+        self.worker, self.index = worker, index
+        self.sequence: _Sequence | None = None
+        self.states = states  # implicit state of the sequence in this slot
+
+
+class _PaddingRequest(InferenceRequest):
+    """A batch slot without a request (direct strategy): its responses go nowhere."""
+
+    def respond(self, response: InferenceResponse | None, final: bool = True) -> None:
+        if final:
+            self.completed = True
+
+
+class _Worker:
+    def __init__(self, batcher: SequenceBatcher, instance: InstanceSlot, slots: int,
+                 states: StateSpecs) -> None:
+        self.batcher, self.instance = batcher, instance
+        self.cond = threading.Condition(batcher.lock)
+        self.slots = [_Slot(self, i, states.new() if states else None) for i in range(slots)]
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"sequence-{instance.spec.name}")
+
+    def busy(self) -> list[_Slot]:
+        return [s for s in self.slots if s.sequence is not None and s.sequence.queue]
+
+    def _run(self) -> None:
+        batcher = self.batcher
+        while True:
+            with self.cond:
+                batch = batcher._next_batch(self)
+            if batch is None:
+                return
+            requests, padding = batch
+            if requests:
+                execute_batch(batcher.model, self.instance, requests, padding)
+
+
+class SequenceBatcher:
+    def __init__(self, model: ModelVersion, instances: list[InstanceSlot]) -> None:
+        cfg = model.config
+        seq = cfg.sequence_batching
+        self.model = model
+        self.name = cfg.name
+        self.controls = Controls(cfg)
+        self.states = StateSpecs(cfg, model.spec.path)
+        self.config_outputs = frozenset(o.name for o in cfg.output)
+        self.max_batch = max(cfg.max_batch_size, 1)
+        self.batching = cfg.max_batch_size > 0
+        self.idle_ns = seq.max_sequence_idle_microseconds * 1000
+        self.oldest = seq.WhichOneof("strategy_choice") == "oldest"
+        if self.oldest:
+            slots = max(seq.oldest.max_candidate_sequences, 1)
+            preferred = [p for p in seq.oldest.preferred_batch_size if p <= self.max_batch]
+            self.target = max(preferred, default=self.max_batch)
+            self.delay_ns = seq.oldest.max_queue_delay_microseconds * 1000
+            self.utilization = 0.0
+        else:
+            slots = self.max_batch
+            self.target = self.max_batch
+            self.delay_ns = seq.direct.max_queue_delay_microseconds * 1000
+            self.utilization = seq.direct.minimum_slot_utilization
+        self.lock = threading.Lock()
+        self._sequences: dict[int | str, _Sequence] = {}  # started, END not yet received
+        self._backlog: collections.deque[_Sequence] = collections.deque()
+        self._stopping = False
+        self.workers = [_Worker(self, i, slots, self.states) for i in instances]
+        # Free slots, lowest index first, spread over the instances.
+        self._free: list[_Slot] = [w.slots[i] for i in range(slots) for w in self.workers]
+        self._free.reverse()  # popped from the end
+        self._reaper_cond = threading.Condition(self.lock)
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name=f"sequence-reaper-{self.name}")
+        for w in self.workers:
+            w.thread.start()
+        self._reaper.start()
+
+    # --- admission -------------------------------------------------------------------------
+    def submit(self, request: InferenceRequest) -> None:
+        self.controls.check_id_type(request)
+        if request.batch_size > 1:
+            raise InvalidArgumentError(
+                f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher")
+        sequence_id = request.sequence_id
+        if not in_sequence(sequence_id):
+            raise InvalidArgumentError(
+                f"inference request to model '{self.name}' must specify a non-zero or "
+                "non-empty correlation ID")
+        start = request.sequence_start
+        with self.lock:
+            if self._stopping and start:
+                raise UnavailableError(
+                    "Server is stopping, scheduler for model has stopped accepting new "
+                    "inference requests")
+            sequence = self._sequences.get(sequence_id)
+            if sequence is None:
+                if not start:
+                    raise InvalidArgumentError(
+                        f"inference request for sequence {sequence_id} to model '{self.name}' "
+                        "must specify the START flag on the first request of the sequence")
+                sequence = self._sequences[sequence_id] = _Sequence(
+                    sequence_id, self.controls.corrid_tensor(sequence_id))
+                if self._free:
+                    self._assign(sequence, self._free.pop())
+                else:
+                    self._backlog.append(sequence)
+            elif start:
+                log.warning("sequence %s for model '%s' has a conflict. The previous sequence did "
+                            "not end before this sequence start. Previous sequence will be "
+                            "terminated early.", sequence_id, self.name)
+            sequence.queue.append(request)
+            sequence.last_ns = time.monotonic_ns()
+            if request.sequence_end:
+                del self._sequences[sequence_id]  # a new START with this id is a new sequence
+            if sequence.slot is not None:
+                sequence.slot.worker.cond.notify()
+
+    def _assign(self, sequence: _Sequence, slot: _Slot) -> None:
+        slot.sequence, sequence.slot = sequence, slot
+        slot.worker.cond.notify()
+
+    def _release(self, slot: _Slot) -> None:
+        """The slot's sequence is over: give the slot to the oldest waiting sequence, if any."""
+        sequence = slot.sequence
+        if sequence is not None:
+            sequence.slot = None
+        slot.sequence = None
+        if self._backlog:
+            self._assign(self._backlog.popleft(), slot)
+        else:
+            self._free.append(slot)
+
+    # --- batches (worker threads, lock held) -----------------------------------------------
+    def _next_batch(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
+        cond = worker.cond
+        while True:
+            if self._stopping and not worker.busy():
+                return None
+            busy = self._drop_cancelled(worker.busy())
+            if busy:
+                wait = self._wait_ns(busy)
+                if wait <= 0:
+                    break
+                cond.wait(wait / 1e9)
+            else:
+                cond.wait()
+        if self.oldest:
+            busy.sort(key=lambda s: _head(s).queue[0].enqueue_ns)
+            taken = busy[:self.max_batch]
+        else:
+            taken = busy
+        requests = [self._take(slot) for slot in taken]
+        padding = 0
+        if not self.oldest and self.batching:
+            rows = {slot.index: r for slot, r in zip(taken, requests)}
+            top = max(rows)
+            if top + 1 > len(requests):
+                requests = [rows.get(i) or self._padding(requests[0]) for i in range(top + 1)]
+                padding = top + 1 - len(rows)
+        return requests, padding
+
+    def _wait_ns(self, busy: list[_Slot]) -> int:
+        """How much longer the batch should wait for more requests (<= 0: run it now)."""
+        if self.delay_ns == 0:
+            return 0
+        if self.oldest:
+            if len(busy) >= self.target:
+                return 0
+        elif self.utilization == 0.0 or len(busy) / self.max_batch >= self.utilization:
+            return 0
+        oldest = min(_head(s).queue[0].enqueue_ns for s in busy)
+        return oldest + self.delay_ns - time.perf_counter_ns()
+
+    def _drop_cancelled(self, busy: list[_Slot]) -> list[_Slot]:
+        """A cancelled request cancels its sequence (as in Triton): fail what it has queued."""
+        live = []
+        for slot in busy:
+            sequence = _head(slot)
+            if not sequence.queue[0].is_cancelled():
+                live.append(slot)
+                continue
+            for request in sequence.queue:
+                request.respond(InferenceResponse(error=CancelledError("request was cancelled")), True)
+            sequence.queue.clear()
+            if self._sequences.get(sequence.id) is sequence:
+                del self._sequences[sequence.id]
+            self._release(slot)
+        return live
+
+    def _take(self, slot: _Slot) -> InferenceRequest:
+        """The slot's next request, with its controls and state filled in."""
+        sequence = _head(slot)
+        request = sequence.queue.popleft()
+        self.controls.add_to(request, sequence.corrid)
+        states = slot.states
+        if states is not None:
+            if request.sequence_start:
+                states.reset()
+            states.add_to(request.inputs)
+            request.sequence_states = states
+            request.callback = _StateCapture(request.callback, states, self.config_outputs)
+        if request.sequence_end or (sequence.expired and not sequence.queue):
+            self._release(slot)
+        return request
+
+    def _padding(self, like: InferenceRequest) -> InferenceRequest:
+        pad = _PaddingRequest(model_name=like.model_name, model_version=like.model_version,
+                              inputs={n: Tensor(n, t.datatype, list(t.shape), _zeros_like(t.data))
+                                      for n, t in like.inputs.items()})
+        self.controls.add_padding(pad)
+        pad.enqueue_ns = like.enqueue_ns
+        return pad
+
+    # --- idle sequences --------------------------------------------------------------------
+    def _reap(self) -> None:
+        with self._reaper_cond:
+            while not self._stopping:
+                now = time.monotonic_ns()
+                wait = self.idle_ns
+                for sequence in list(self._sequences.values()):
+                    if sequence.slot is None:
+                        continue  # in the backlog: not started yet
+                    left = sequence.last_ns + self.idle_ns - now
+                    if left > 0:
+                        wait = min(wait, left)
+                        continue
+                    log.info("sequence %s of model '%s' idle for longer than %d us: released",
+                             sequence.id, self.name, self.idle_ns // 1000)
+                    del self._sequences[sequence.id]
+                    sequence.expired = True
+                    if not sequence.queue:
+                        self._release(sequence.slot)
+                self._reaper_cond.wait(max(wait, 1_000_000) / 1e9)
+
+    # --- stop ------------------------------------------------------------------------------
+    def stop(self) -> None:
+        with self.lock:
+            self._stopping = True
+            for w in self.workers:
+                w.cond.notify_all()
+            self._reaper_cond.notify_all()
+            for sequence in self._backlog:  # never got a slot: nothing will run them
+                for request in sequence.queue:
+                    request.respond(InferenceResponse(error=UnavailableError(
+                        f"model '{self.name}' is unloading")), True)
+            self._backlog.clear()
+        for w in self.workers:
+            w.thread.join()
+        self._reaper.join()
+
+    # --- introspection (tests, docs) -------------------------------------------------------
+    def active_sequences(self) -> int:
+        with self.lock:
+            return sum(1 for w in self.workers for s in w.slots if s.sequence is not None)
+
+
+class _StateCapture:
+    """Wraps a request's callback: a response output named after a state's `output_name` is the
+    state's next value (python models produce state this way). It reaches the client only when
+    the configuration lists it among the outputs, as Triton allows for debugging."""
+
+    __slots__ = ("callback", "states", "outputs")
+
+    def __init__(self, callback: Any, states: SequenceStates, outputs: frozenset[str]) -> None:
+        self.callback, self.states, self.outputs = callback, states, outputs
+
+    def __call__(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None and response.error is None:
+            by_output = self.states.by_output
+            if any(t.name in by_output for t in response.outputs):
+                for t in response.outputs:
+                    if t.name in by_output:
+                        self.states.update(t.name, t)
+                response.outputs = [t for t in response.outputs
+                                    if t.name not in by_output or t.name in self.outputs]
+        self.callback(response, final)
+
+
+def _zeros_like(data: Any) -> np.ndarray:
+    if isinstance(data, np.ndarray) and data.dtype == object:
+        return np.full(data.shape, b"", dtype=object)
+    return np.zeros_like(np.asarray(data))
