@@ -9,7 +9,8 @@
 A "refused" or "no effect" entry covers the fields under it (unless a deeper entry says
 otherwise); an "implemented" one does not, so every part of an implemented field is named.
 tests/test_config_support.py walks the protobuf descriptor, so a field added to
-model_config.proto fails the test until it is classified here; docs/config_support.md is generated from this table (`python -m host.config_support`).
+model_config.proto fails the test until it is classified here; docs/config_support.md is
+generated from this table (`python -m host.config_support`).
 """
 
 from __future__ import annotations
