@@ -20,8 +20,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import orjson
 
-from host import datatypes, raw_input
-from host.errors import HostError, InternalError, InvalidArgumentError, UnsupportedError
+from host import datatypes, raw_input, validation
+from host.errors import HostError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.shm.tensors import mentions_shm
 
@@ -211,16 +211,7 @@ def _non_finite(data: Any) -> bool:
     return isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all()
 
 
-def output_array(t: Tensor) -> np.ndarray:
-    """The output's data as an array of the wire dtype, checked against its shape."""
-    arr = t.data if isinstance(t.data, np.ndarray) else np.asarray(t.data)
-    if t.datatype != "BYTES":
-        want = datatypes.to_numpy(t.datatype)
-        if arr.dtype != want:
-            arr = arr.astype(want)
-    if arr.size != datatypes.element_count(t.shape):
-        raise InternalError(f"output tensor shape does not match size of output for '{t.name}'")
-    return arr
+output_array = validation.output_array  # the core's rule (kept here for generate.py's import)
 
 
 def json_data(t: Tensor, arr: np.ndarray) -> Any:
@@ -292,19 +283,11 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     datatype = item.get("datatype")
     if type(datatype) is not str:
         raise InvalidArgumentError(f"Unable to parse 'datatype' of input '{name}': expected a string")
-    if not datatypes.is_valid(datatype):
-        raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+    validation.check_datatype(name, datatype)
     shape = item.get("shape")
-    if type(shape) is not list:
-        shape = None
-    else:
-        for d in shape:
-            if type(d) is not int or d < 0:
-                shape = None
-                break
-    if shape is None:
-        raise InvalidArgumentError(
-            f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+    if type(shape) is not list or not all(type(d) is int for d in shape):
+        raise validation.shape_error(name, shape, model_name, "http")
+    validation.check_shape(name, shape, model_name, "http")
     params = item.get("parameters")
     if params is None:
         params = {}
@@ -337,17 +320,9 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
                 f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
                 f"for model '{model_name}'")
         if datatype == "BYTES":
-            try:
-                data = datatypes.array_from_buffer(datatype, shape, view[offset:end])
-            except InvalidArgumentError as exc:
-                raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
+            data = validation.bytes_input(name, model_name, shape, view[offset:end], "http")
         else:
-            count = datatypes.element_count(shape)
-            expected = datatypes.element_size(datatype) * count
-            if size != expected:
-                raise InvalidArgumentError(
-                    f"input byte size mismatch for input '{name}' for model '{model_name}'. "
-                    f"Expected {expected}, got {size}")
+            count = validation.fixed_size_count(name, model_name, datatype, shape, size)
             data = np.frombuffer(view[offset:end], datatypes.to_numpy(datatype), count).reshape(shape)
         offset = end
         extra = {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
@@ -414,8 +389,7 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     has_header = header_length is not None
     for index, item in enumerate(inputs_json):
         tensor, offset = _decode_input(item, index, view, offset, has_header, model_name)
-        if tensor.name in inputs:
-            raise InvalidArgumentError(f"input '{tensor.name}' already exists in request")
+        validation.check_new_input(inputs, tensor.name)
         inputs[tensor.name] = tensor
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
