@@ -10,7 +10,7 @@ docs/plugins.md describes the contracts.
 from __future__ import annotations
 
 from host.backend import Backend, BackendFactory, Instance, InstanceSpec, Model, ModelSpec
-from host.batch import gather, groups, run_batched, scatter
+from host.batch import gather, groups, run_batched, scatter, shape_key
 from host.cache.base import Buffer, Entry, ResponseCache
 from host.errors import (AlreadyExistsError, CancelledError, Code, HostError, InternalError,
                          InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError,
@@ -30,7 +30,7 @@ __all__ = [
     # response caches
     "ResponseCache", "Entry", "Buffer",
     # batch helpers
-    "groups", "gather", "scatter", "run_batched",
+    "groups", "gather", "scatter", "run_batched", "shape_key",
     # errors
     "Code", "HostError", "InternalError", "NotFoundError", "InvalidArgumentError", "UnavailableError",
     "UnsupportedError", "AlreadyExistsError", "CancelledError", "error_for",

@@ -54,9 +54,10 @@ SUPPORT: dict[str, Support] = {
     "input.format": _none("informational (image layout), as in Triton"),
     "input.reshape": _impl("the backend sees the reshaped tensor"),
     "input.is_shape_tensor": _impl("refused at load except for TensorRT models, as Triton does"),
-    "input.allow_ragged_batch": _none("requests are never concatenated across different shapes: "
-                                      "the python backend gets a list of requests, framework "
-                                      "backends group requests by shape"),
+    "input.allow_ragged_batch": _impl("the dynamic batcher puts requests of different shapes in one "
+                                      "execute of a native backend only where every input that "
+                                      "differs allows it; the python backend gets a list of "
+                                      "requests, framework backends group requests by shape"),
     "input.is_non_linear_format_io": _impl("refused at load except for TensorRT models, as Triton "
                                            "does"),
     "output": _impl("name, data_type, dims: responses are checked against them"),

@@ -8,7 +8,10 @@ different instances of a model run in parallel.
   what makes a request at low concurrency cheap.
 - `DynamicBatcher`: one thread per instance takes requests from a shared queue and combines those
   of several clients into one execute, up to max_batch_size rows, waiting at most
-  max_queue_delay_microseconds for a preferred batch size.
+  max_queue_delay_microseconds for a preferred batch size. It alone decides which requests may
+  share an execute: in order of arrival, and, for a backend that needs it, only requests whose
+  `compatible` keys agree (`host.batch.shape_key`: equal shapes, `allow_ragged_batch` honoured);
+  a batch ends at the first request that does not fit, as in Triton.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import bls
 from host.errors import CancelledError, HostError, InternalError
@@ -151,8 +154,10 @@ class DirectScheduler:
 
 class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
-                 preferred: Sequence[int], max_delay_us: int) -> None:
+                 preferred: Sequence[int], max_delay_us: int,
+                 compatible: Callable[[InferenceRequest], tuple] | None = None) -> None:
         self.model = model
+        self._compatible = compatible  # requests whose keys differ never share an execute
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
@@ -201,7 +206,11 @@ class DynamicBatcher:
                     return []
             batch: list[InferenceRequest] = []
             rows = 0
+            key = self._compatible
+            first = key(self._queue[0]) if key is not None and self._queue else None
             while self._queue and (not batch or rows + self._queue[0].batch_size <= self.max_batch):
+                if batch and key is not None and key(self._queue[0]) != first:
+                    break  # a request of another shape starts the next batch
                 r = self._queue.popleft()
                 rows += r.batch_size
                 batch.append(r)
