@@ -17,7 +17,7 @@ from host.errors import (AlreadyExistsError, CancelledError, Code, HostError, In
                          error_for)
 from host.inference import (FINAL, InferenceRequest, InferenceResponse, RequestedOutput,
                             ResponseCallback, Tensor)
-from host.plugins.registry import BackendRecord, CacheRecord, Registry
+from host.plugins.registry import BackendRecord, CacheRecord, LogitsProcessorRecord, Registry
 from host.plugins.spec import PROJECT, hookimpl
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "InferenceRequest", "InferenceResponse", "Tensor", "RequestedOutput", "ResponseCallback", "FINAL",
     # hooks and registries
     "PROJECT", "hookimpl", "Registry", "BackendRecord", "CacheRecord",
+    "LogitsProcessorRecord",
     # response caches
     "ResponseCache", "Entry", "Buffer",
     # batch helpers

@@ -64,6 +64,7 @@ class ModelVersion:
         self._equal_shapes = False  # the backend's `equal_shape_batches`, set by `load`
         self._inflight = 0
         self._cond = threading.Condition()
+        spec.report_failure = self.fail
         self.tracing = False  # set once a request of this model was sampled (host.trace)
         self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
 
@@ -119,6 +120,13 @@ class ModelVersion:
             self.scheduler.stop()
         self._finalize()
         self.state, self.reason = UNAVAILABLE, "unloaded"
+
+    def fail(self, reason: str) -> None:
+        """The backend model can no longer serve (see `ModelSpec.report_failure`)."""
+        with self._cond:
+            if self.state == READY:
+                log.error("model '%s' version %d is UNAVAILABLE: %s", self.name, self.version, reason)
+                self.state, self.reason = UNAVAILABLE, reason
 
     def _finalize(self) -> None:
         """Finalize instances (reverse order), then the model; errors are logged, not raised."""

@@ -88,7 +88,8 @@ def _collect(plugins: Plugins) -> None:
     every hook wrapper), so pluggy's own machinery applies: wrappers, tracing, error reporting.
     """
     pm, registry = plugins.manager, plugins.registry
-    for name in ("modelhost_register_backends", "modelhost_register_caches"):
+    for name in ("modelhost_register_backends", "modelhost_register_caches",
+                 "modelhost_register_logits_processors"):
         impls = [i for i in getattr(pm.hook, name).get_hookimpls() if not (i.wrapper or i.hookwrapper)]
         for impl in impls:
             others = [i.plugin for i in impls if i.plugin is not impl.plugin]
