@@ -158,7 +158,7 @@ class Host:
 
         def tensors(items) -> list[dict[str, Any]]:
             return [{"name": t.name,
-                     "datatype": datatypes.from_config(model_config_pb2.DataType.Name(t.data_type)),
+                     "datatype": datatypes.from_config_enum(t.data_type),
                      "shape": batch + list(t.dims)} for t in items]
 
         return {

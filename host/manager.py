@@ -256,8 +256,7 @@ class ModelManager:
                 raise InvalidArgumentError(
                     f"model '{entry.name}' names no backend or platform and none can be inferred "
                     f"from its files")
-        if not cfg.HasField("version_policy"):
-            cfg.version_policy.latest.num_versions = 1
+        config_mod.default_policy(cfg)
         if not repository.versions_on_disk(entry.location.path):
             raise InvalidArgumentError(f"model '{entry.name}' has no version folder")
         return cfg

@@ -35,7 +35,7 @@ class RequestRules:
         self.model = config.name
         self.max_batch_size = config.max_batch_size
         self.inputs = {
-            i.name: _TensorRule(datatypes.from_config(model_config_pb2.DataType.Name(i.data_type)),
+            i.name: _TensorRule(datatypes.from_config_enum(i.data_type),
                                 tuple(i.dims), i.optional)
             for i in config.input
         }

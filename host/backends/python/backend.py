@@ -256,7 +256,7 @@ class PythonModel(Model):
         cfg = self.spec.config
         # Output name -> wire datatype, for validating what the model sends.
         self.output_datatypes = {
-            o.name: datatypes.from_config(pb_utils._DataType.Name(o.data_type))
+            o.name: datatypes.from_config_enum(o.data_type)
             for o in cfg.output if o.data_type != 0}
         self.output_names = [o.name for o in cfg.output]
 
