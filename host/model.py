@@ -21,6 +21,7 @@ from host.validation import RequestRules
 
 if TYPE_CHECKING:
     from host.backend import Backend, Model
+    from host.stages import Stages
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class ModelVersion:
         self._slots: list[InstanceSlot] = []
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._equal_shapes = False  # the backend's `equal_shape_batches`, set by `load`
+        self.stages: Stages | None = None  # the request stages, made on the first request
         self._inflight = 0
         self._cond = threading.Condition()
         spec.report_failure = self.fail
