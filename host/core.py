@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, bls, datatypes, headers, logsettings, overrides, shm
+from host import __version__, bls, datatypes, headers, logsettings, overrides, shm, validation
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
@@ -315,13 +315,10 @@ def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:
 
 
 def _version(version: str | int) -> int:
-    """'' or -1 mean the default version; anything else must be a non-negative integer."""
+    """'' or -1 mean the default version; anything else must be a non-negative integer
+    (host.validation.parse_version, with Triton's texts)."""
     if version in ("", None, -1):
         return -1
-    try:
-        value = int(version)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"failed to parse model version '{version}'") from None
-    if value < 0:
-        raise InvalidArgumentError(f"failed to parse model version '{version}'")
-    return value
+    if type(version) is int and version >= 0:
+        return version
+    return validation.parse_version(str(version))
