@@ -59,11 +59,13 @@ class Host:
                                                        or opts.strict_model_config),
                                     config_name=opts.model_config_name,
                                     load_threads=opts.model_load_thread_count,
-                                    ensembles=self.ensembles)
+                                    ensembles=self.ensembles,
+                                    unload_wait=opts.exit_timeout_secs)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
+        self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
@@ -267,10 +269,17 @@ class Host:
                 raise
             # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
             raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None
+        if self.journal is not None:  # a restarted worker loads it again (host.supervise)
+            if files:  # its files are not kept: after a crash it is not loaded again
+                self.journal.model_unloaded(name)
+            else:
+                self.journal.model_loaded(name, config)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
         self.manager.unload(name, unload_dependents)
+        if self.journal is not None:
+            self.journal.model_unloaded(name)
 
     # --- statistics ----------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

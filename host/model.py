@@ -89,12 +89,9 @@ class ModelVersion:
                 instance = self._model.create_instance(ispec)
                 instance.initialize()
                 self._slots.append(InstanceSlot(ispec, instance))
-        except BaseException:
-            self._finalize()
-            raise
-        try:
+            # may refuse the queue policy, or an implicit state's initial value
             self.scheduler = self._make_scheduler()
-        except BaseException:  # e.g. an implicit state's initial value that cannot be read
+        except BaseException:
             self._finalize()
             raise
         self.state = READY
@@ -108,9 +105,15 @@ class ModelVersion:
         if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),
-                                  db.max_queue_delay_microseconds,
-                                  batch.shape_key(cfg) if self._equal_shapes else None)
+                                  db.max_queue_delay_microseconds, queue_config=db,
+                                  compatible=batch.shape_key(cfg) if self._equal_shapes else None)
         return DirectScheduler(self, slots)
+
+    def begin_unload(self) -> None:
+        """Refuse new requests from now on (those in flight go on)."""
+        with self._cond:
+            if self.state == READY:
+                self.state = UNLOADING
 
     def unload(self, timeout: float | None = None) -> None:
         """Refuse new requests, wait for those in flight (final responses included), finalize."""

@@ -22,6 +22,7 @@ stage functions and one small `Respond` object.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -122,26 +123,34 @@ class Stages:
     def schedule(self, request: InferenceRequest) -> None:
         try:
             self.mv.scheduler.submit(request)  # type: ignore[union-attr]
-        except BaseException as exc:
-            if not request.completed:
-                err = exc if isinstance(exc, HostError) else InternalError(str(exc))
-                request.respond(InferenceResponse(error=err), True)
+        except BaseException as exc:  # noqa: BLE001 - whatever it is, it fails this request only
             if not isinstance(exc, Exception):
-                raise
+                log.error("model '%s': %s while scheduling a request", self.name, type(exc).__name__)
+            if not request.completed:
+                err = exc if isinstance(exc, HostError) else InternalError(
+                    f"{type(exc).__name__}: {exc}" if not isinstance(exc, Exception) else str(exc))
+                request.respond(InferenceResponse(error=err), True)
 
 
 class Respond:
     """The respond stage of one request: its callback, called once per response."""
 
-    __slots__ = ("stages", "request", "callback", "probe", "wanted", "error")
+    __slots__ = ("stages", "request", "callback", "probe", "wanted", "error", "lock")
 
     def __init__(self, stages: Stages, request: InferenceRequest, callback: ResponseCallback) -> None:
         self.stages, self.request, self.callback = stages, request, callback
+        # Completion is a test-and-set under this lock: a scheduler failing the request and a
+        # backend thread answering it at the same moment deliver one final response, not two.
+        self.lock = threading.RLock()
         self.probe: Probe | None = None  # the response-cache lookup (host.cache.service)
         self.wanted = {o.name for o in request.outputs} or None
         self.error: HostError | None = None
 
     def __call__(self, response: InferenceResponse | None, final: bool) -> None:
+        with self.lock:
+            self._deliver(response, final)
+
+    def _deliver(self, response: InferenceResponse | None, final: bool) -> None:
         # One function, not three: this runs for every response (its parts are commented).
         request, st = self.request, self.stages
         if request.completed:

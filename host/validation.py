@@ -218,10 +218,16 @@ def shape_error(name: str, shape: object, model: str, protocol: str) -> InvalidA
     return _error("negative_dim", protocol, name=name, shape=shape, model=model)
 
 
+# Whether a protocol's shape-limit messages name the model (host.datatypes.check_shape).
+_SHAPE_LIMIT_NAMES_MODEL = {"http": False, "grpc": True}
+
+
 def check_shape(name: str, shape: list[int], model: str, protocol: str) -> None:
+    """No negative dimension, and a shape some tensor can have (host.datatypes.check_shape)."""
     for d in shape:
         if d < 0:
             raise shape_error(name, shape, model, protocol)
+    datatypes.check_shape(name, shape, model if _SHAPE_LIMIT_NAMES_MODEL[protocol] else "")
 
 
 def check_new_input(inputs: dict, name: str) -> None:
