@@ -143,62 +143,60 @@ class Respond:
         # backend thread answering it at the same moment deliver one final response, not two.
         self.lock = threading.RLock()
         self.probe: Probe | None = None  # the response-cache lookup (host.cache.service)
-        self.wanted = {o.name for o in request.outputs} or None
+        outputs = request.outputs
+        self.wanted = {o.name for o in outputs} if outputs else None  # None: every output
         self.error: HostError | None = None
 
     def __call__(self, response: InferenceResponse | None, final: bool) -> None:
-        with self.lock:
-            self._deliver(response, final)
-
-    def _deliver(self, response: InferenceResponse | None, final: bool) -> None:
         # One function, not three: this runs for every response (its parts are commented).
-        request, st = self.request, self.stages
-        if request.completed:
-            log.warning("model '%s' sent a response after the final one; dropped", st.name)
-            return
-        if self.probe is not None and final:
-            self.probe.finish(response)  # stores a success with every output, before the filter
-        if response is not None:
-            # names, reshape, output filter, classification, shared-memory writes
-            latency = st.latency
-            if latency is not None and latency.first_response is not None:
-                _first_response(request, latency)
-            response.model_name, response.model_version, response.id = st.name, st.version, request.id
-            if st.reshape is not None and response.error is None:
-                st.reshape(response)  # an output that cannot take its dims makes it an error
-            if response.error is not None:
-                self.error = response.error
-            else:
-                wanted = self.wanted
-                if wanted is not None:
-                    response.outputs = [t for t in response.outputs if t.name in wanted]
-                try:
-                    classes = request.classification
-                    if classes is not None:
-                        mv = st.mv
-                        response.outputs = [
-                            classification.apply(t, classes[t.name], mv.batching, mv.labels.get(t.name))
-                            if t.name in classes else t for t in response.outputs]
-                    if request.shm_outputs is not None:
-                        shm.write_outputs(response, request.shm_outputs)
-                except HostError as exc:
-                    self.error = exc
-                    response = InferenceResponse(st.name, st.version, request.id, error=exc)
-        if final:
-            # the request is complete, exactly once
-            request.completed = True
-            if request.shm_regions:
-                shm.release_request(request, st.shm)
-            now = time.perf_counter_ns()
-            started = request.exec_start_ns
-            st.stats.request_done(self.error is None, now - request.enqueue_ns,
-                                  (started or now) - request.enqueue_ns,
-                                  request.batch_size if started else 0, self.error)
-            st.mv.end_request()
-            # The request refers to this object and this object to the request: break the cycle
-            # so reference counting frees both, instead of a garbage collection pause.
-            request.callback = _after_final
-        self.callback(response, final)
+        with self.lock:
+            request, st = self.request, self.stages
+            if request.completed:
+                log.warning("model '%s' sent a response after the final one; dropped", st.name)
+                return
+            if self.probe is not None and final:
+                self.probe.finish(response)  # stores a success with every output, before the filter
+            if response is not None:
+                # names, reshape, output filter, classification, shared-memory writes
+                latency = st.latency
+                if latency is not None and latency.first_response is not None:
+                    _first_response(request, latency)
+                response.model_name, response.model_version, response.id = st.name, st.version, request.id
+                if st.reshape is not None and response.error is None:
+                    st.reshape(response)  # an output that cannot take its dims makes it an error
+                if response.error is not None:
+                    self.error = response.error
+                else:
+                    wanted = self.wanted
+                    if wanted is not None:
+                        response.outputs = [t for t in response.outputs if t.name in wanted]
+                    try:
+                        classes = request.classification
+                        if classes is not None:
+                            mv = st.mv
+                            response.outputs = [
+                                classification.apply(t, classes[t.name], mv.batching, mv.labels.get(t.name))
+                                if t.name in classes else t for t in response.outputs]
+                        if request.shm_outputs is not None:
+                            shm.write_outputs(response, request.shm_outputs)
+                    except HostError as exc:
+                        self.error = exc
+                        response = InferenceResponse(st.name, st.version, request.id, error=exc)
+            if final:
+                # the request is complete, exactly once
+                request.completed = True
+                if request.shm_regions:
+                    shm.release_request(request, st.shm)
+                now = time.perf_counter_ns()
+                started = request.exec_start_ns
+                st.stats.request_done(self.error is None, now - request.enqueue_ns,
+                                      (started or now) - request.enqueue_ns,
+                                      request.batch_size if started else 0, self.error)
+                st.mv.end_request()
+                # The request refers to this object and this object to the request: break the cycle
+                # so reference counting frees both, instead of a garbage collection pause.
+                request.callback = _after_final
+            self.callback(response, final)
 
 
 def _first_response(request: InferenceRequest, latency: Any) -> None:
