@@ -3,7 +3,7 @@
     python benchmarks/core_bench.py [--requests N]
 
 Prints microseconds per request (wall and process CPU), best of three runs. One short run: a
-figure to compare before and after a change to the request path (host/core.py, host/stages.py).
+figure to compare before and after a change to the request path (host/core.py, host/stages.py; docs/core.md).
 """
 
 from __future__ import annotations
