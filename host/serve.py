@@ -124,5 +124,8 @@ def _bracket(address: str) -> str:
 
 
 def serve(options: ServerOptions) -> int:
+    from host.grpc import core_settings
+
+    core_settings.apply()  # the worker inherits it; grpc's core reads it when it first starts
     ServerApplication(options).run()
     return 0

@@ -35,9 +35,13 @@ import threading
 import time
 from typing import Any, Callable
 
-import grpc
-from google.protobuf.message import DecodeError
-from grpc._cython import cygrpc
+from host.grpc import core_settings
+
+core_settings.apply()  # before grpc's core reads the environment (see the module)
+
+import grpc  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
+from grpc._cython import cygrpc  # noqa: E402
 
 from host.errors import HostError
 from host.grpc.servicer import DEFERRED, Servicer
