@@ -23,7 +23,7 @@ import threading
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote_to_bytes
 
-from host.http.h1c import IncompleteError, Limits, ParseError, head_parser
+from host.http.h1c import IncompleteError, ParseError, head_parser
 
 log = logging.getLogger("host.http.server")
 
