@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from host import config as config_mod
-from host import overrides, repository
+from host import overrides, paths, repository, supervise
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
+from host.ensemble import EnsembleVersion
+from host.ensemble.control import Dependencies, composing_of
+from host.ensemble.scheduler import StepRunner
 from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
 from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
@@ -42,6 +45,10 @@ class ModelEntry:
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
+    explicit: bool = False  # loaded on request, not only as a composing model of an ensemble
+    waiting_on: set[str] = field(default_factory=set)  # unloaded composing models (ensembles)
+    # Versions being unloaded: they finish their requests in flight first (ModelManager.unload).
+    unloading: dict[int, ModelVersion] = field(default_factory=dict)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for v in self.newest_first if v.state == READY]
@@ -66,8 +73,11 @@ class ModelEntry:
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
                  on_state: StateListener | None = None, *, auto_complete: bool = True,
-                 config_name: str = "", load_threads: int = 1) -> None:
+                 config_name: str = "", load_threads: int = 1,
+                 ensembles: StepRunner | None = None, unload_wait: float = 30.0) -> None:
         self.roots = [Path(r) for r in roots]
+        self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
+        self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
         self.backends = backends
         self.mode = mode
         self.auto_complete = auto_complete  # off: --disable-auto-complete-config
@@ -77,12 +87,16 @@ class ModelManager:
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
         self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
+        self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
+        self._deps = Dependencies(self)  # ensembles and their composing models
+        self._pass: set[str] | None = None  # models loaded by the running load_all
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
         """The READY version a request should use, or Triton's error."""
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and not entry.failed and not entry.error):
+        if entry is None or (not entry.versions and not entry.failed and not entry.error
+                             and not entry.unloading):
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
             mv = entry.default_version()
@@ -137,8 +151,11 @@ class ModelManager:
             if v.reason:
                 row["reason"] = v.reason
             rows.append(row)
+        for v in sorted(entry.unloading.values(), key=lambda v: v.version):
+            if v.version not in entry.versions:  # listed until its requests finished
+                rows.append({"name": entry.name, "version": str(v.version), "state": v.state})
         for version, reason in sorted(entry.failed.items()):
-            if version not in entry.versions:
+            if version not in entry.versions and version not in entry.unloading:
                 rows.append({"name": entry.name, "version": str(version), "state": UNAVAILABLE,
                              "reason": reason})
         if not rows:
@@ -178,23 +195,51 @@ class ModelManager:
                 except HostError as exc:
                     errors[name] = str(exc)
 
-            # The models load in parallel (--model-load-thread-count), as in Triton: each load
-            # touches only its own entry; the backend pool serializes backend creation.
-            if self.load_threads == 1 or len(wanted) < 2:
-                for name in wanted:
-                    load_one(name)
-            else:
-                with ThreadPoolExecutor(min(self.load_threads, len(wanted)),
-                                        thread_name_prefix="model-load") as pool:
-                    list(pool.map(load_one, wanted))
+            # Ensembles load last, one by one on this thread: each needs its composing models
+            # loaded (and loads those not asked for). The rest loads in parallel
+            # (--model-load-thread-count), as in Triton: each load touches only its own entry;
+            # the backend pool serializes backend creation.
+            ensembles = [n for n in wanted if self._is_ensemble(n)]
+            models = [n for n in wanted if n not in ensembles]
+            self._pass = set()  # an ensemble loads a composing model once, not again here
+            try:
+                if self.load_threads == 1 or len(models) < 2:
+                    for name in models:
+                        load_one(name)
+                else:
+                    with ThreadPoolExecutor(min(self.load_threads, len(models)),
+                                            thread_name_prefix="model-load") as pool:
+                        list(pool.map(load_one, models))
+                for name in ensembles:
+                    if name not in self._pass:
+                        load_one(name)
+            finally:
+                self._pass = None
+            for name in wanted:  # loaded on request, even if an ensemble loaded it first
+                if name in self._models and name not in errors:
+                    self._models[name].explicit = True
             return errors
 
+    def _is_ensemble(self, name: str) -> bool:
+        entry = self._models.get(name)
+        if entry is None or entry.location is None:
+            return False
+        try:
+            cfg = config_mod.load_config_file(entry.location.path, self.config_name)
+        except HostError:  # a broken config fails its own load, with its own error
+            return False
+        return cfg is not None and cfg.platform == config_mod.ENSEMBLE_PLATFORM
+
     def load(self, name: str, config_json: str | dict | None = None,
-             override_dir: Path | None = None) -> None:
+             override_dir: Path | None = None, explicit: bool = True) -> None:
         """(Re)load a model: every version its policy selects. Raises the first failure.
 
         With `override_dir` the model loads from that folder (host.overrides) instead of the
         repository; the folder is removed once no version of the model uses it.
+
+        An ensemble first loads the composing models that are not loaded yet (`explicit` False
+        for those, so that `unload_dependents` may unload them again); a model that loaded
+        brings back the ensembles that went down with it, and re-checks those that use it.
         """
         with self._lock:
             old = self._models.get(name)
@@ -202,7 +247,7 @@ class ModelManager:
             if old is not None and previous is not None:
                 old.override_dir, old.location = None, None  # back to the repository's copy
             try:
-                self._load(name, config_json, override_dir)
+                self._load(name, config_json, override_dir, explicit=explicit)
             finally:
                 entry = self._models.get(name)
                 for folder in (override_dir, previous):
@@ -210,7 +255,7 @@ class ModelManager:
                         self._settle_override(entry, folder)
 
     def _load(self, name: str, config_json: str | dict | None, override_dir: Path | None,
-              refresh: bool = True) -> None:
+              refresh: bool = True, explicit: bool = True) -> None:
         if refresh:
             self._refresh_locations()
         if override_dir is not None:
@@ -221,17 +266,28 @@ class ModelManager:
         if entry is None or entry.location is None or not entry.location.path.is_dir():
             raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
         entry.unloaded = False
+        entry.explicit = entry.explicit or explicit
         entry.fingerprint = repository.fingerprint(entry.location.path)
+        self._deps.loading.append(name)
         try:
-            base = self._base_config(entry, config_json)
-            versions = repository.select_versions(base.version_policy,
-                                                  repository.versions_on_disk(entry.location.path))
-        except HostError as exc:
-            entry.error = str(exc)
-            self._notify(name, -1, UNAVAILABLE, entry.error)
-            raise
-        entry.error = ""
-        self._load_versions(entry, base, versions)
+            try:
+                base = self._base_config(entry, config_json)
+                versions = repository.select_versions(base.version_policy,
+                                                      repository.versions_on_disk(entry.location.path))
+                if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
+                    self._deps.load_composing(name, base)
+            except HostError as exc:
+                entry.error = str(exc)
+                self._notify(name, -1, UNAVAILABLE, entry.error)
+                raise
+            entry.error = ""
+            entry.waiting_on.clear()
+            self._load_versions(entry, base, versions)
+        finally:
+            self._deps.loading.remove(name)
+        if self._pass is not None:
+            self._pass.add(name)
+        self._deps.model_loaded(name)
 
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
@@ -279,25 +335,36 @@ class ModelManager:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
         entry.versions = new
-        for version, mv in old_versions.items():
-            if new.get(version) is not mv:
-                self._unload_version(mv)
+        self._wait_unloaded([self._unload_version(mv) for version, mv in old_versions.items()
+                             if new.get(version) is not mv])
         if first_error is not None:
             raise first_error
 
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
         backend_name = config_mod.backend_for(cfg)
+        paths.check_config_files(entry.location.path, version, cfg)  # before any backend sees it
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        if backend_name == config_mod.ENSEMBLE_PLATFORM:
+            return self._load_ensemble_version(spec)
+        loading = supervise.loading(entry.name, version)  # named by the master if the process dies
+        try:
+            return self._load_version_now(entry, spec, cfg, backend_name, version)
+        finally:
+            supervise.done(loading)
+
+    def _load_version_now(self, entry: ModelEntry, spec: ModelSpec, cfg: model_config_pb2.ModelConfig,
+                          backend_name: str, version: int) -> ModelVersion:
         started = time.perf_counter()
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
             raise
-        except Exception as exc:
-            raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
+        except BaseException as exc:  # noqa: BLE001 - even sys.exit(): this model fails to load
+            raise UnavailableError(f"backend '{backend_name}' failed to initialize: "
+                                   f"{type(exc).__name__}: {exc}") from exc
         try:
             if self.auto_complete:
                 backend.auto_complete_config(spec)
@@ -312,8 +379,7 @@ class ModelManager:
             self.backends.release(backend_name)
             if isinstance(exc, HostError):
                 raise
-            if not isinstance(exc, Exception):
-                raise
+            # Any other exception, sys.exit() included, fails this model's load only.
             log.exception("model '%s' version %d failed to load", entry.name, version)
             raise UnavailableError(f"failed to load '{entry.name}' version {version}: "
                                    f"{type(exc).__name__}: {exc}") from exc
@@ -321,18 +387,48 @@ class ModelManager:
         self._notify(entry.name, version, READY, "")
         return mv
 
-    def unload(self, name: str) -> None:
+    def _load_ensemble_version(self, spec: ModelSpec) -> ModelVersion:
+        """An ensemble has no backend: check it against its composing models and serve."""
+        if self.ensembles is None:
+            raise UnavailableError(f"model '{spec.name}': this host runs no ensembles")
+        config_mod.normalize_config(spec.config, spec.name)
+        mv = EnsembleVersion(spec, self.ensembles, self._deps.config_lookup(spec.name))
+        if self.latency_config is not None:  # summaries / histograms (host.latency)
+            mv.stats.latency = LatencyRecorder(self.latency_config,
+                                               bool(spec.config.response_cache.enable))
+        mv.load()
+        log.info("successfully loaded '%s' version %d", spec.name, spec.version)
+        self._notify(spec.name, spec.version, READY, "")
+        return mv
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload every version of a model; waits at most `unload_wait` seconds for their
+        requests in flight, and never while holding the repository lock, so that a model stuck
+        in execute freezes neither the caller nor loads, unloads, the index or polling."""
         with self._lock:
-            entry = self._models.get(name)
-            if entry is None:
-                raise NotFoundError(f"failed to unload '{name}', model is not found")
-            entry.unloaded = True
-            for mv in list(entry.versions.values()):
-                self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
-            entry.versions, entry.failed = {}, {}
-            if entry.override_dir is not None:
-                overrides.remove(entry.override_dir)
-                entry.override_dir, entry.location = None, None
+            pending = self._unload_entry(name, unload_dependents)
+        self._wait_unloaded(pending)
+
+    def _unload_entry(self, name: str, unload_dependents: bool = False) -> list[threading.Thread]:
+        entry = self._models.get(name)
+        if entry is None:
+            raise NotFoundError(f"failed to unload '{name}', model is not found")
+        entry.unloaded = True
+        entry.explicit = False
+        entry.waiting_on.clear()
+        composing = composing_of(entry)
+        pending = []
+        for mv in list(entry.versions.values()):
+            entry.unloading[mv.version] = mv  # listed (UNLOADING) until its requests finish
+            pending.append(self._unload_version(mv, entry=entry))
+        entry.versions, entry.failed = {}, {}
+        if entry.override_dir is not None:
+            overrides.remove(entry.override_dir)
+            entry.override_dir, entry.location = None, None
+        self._deps.model_unloaded(name)
+        if unload_dependents:
+            self._deps.unload_unused(composing)
+        return pending
 
     @staticmethod
     def _settle_override(entry: ModelEntry, folder: Path) -> None:
@@ -347,17 +443,45 @@ class ModelManager:
 
     def unload_all(self) -> None:
         with self._lock:
-            for name in list(self._models):
-                self.unload(name)
+            pending = [t for name in list(self._models) for t in self._unload_entry(name)]
+        self._wait_unloaded(pending)
 
-    def _unload_version(self, mv: ModelVersion) -> None:
+    def _unload_version(self, mv: ModelVersion, reason: str = "unloaded",
+                        entry: ModelEntry | None = None) -> threading.Thread:
+        """Refuse the version's new requests now; a thread of its own waits for those in flight
+        and then finalizes it (returned, for callers that wait a bounded time)."""
+        finisher = self._finishers.get(mv)
+        if finisher is not None:  # already unloading: one finisher per version
+            return finisher
         self._notify(mv.name, mv.version, "UNLOADING", "")
-        was_loaded = mv.scheduler is not None
+        mv.begin_unload()
+        finisher = self._finishers[mv] = threading.Thread(
+            target=self._finish_unload, args=(mv, reason, entry), daemon=True,
+            name=f"unload-{mv.name}-{mv.version}")
+        finisher.start()
+        return finisher
+
+    def _finish_unload(self, mv: ModelVersion, reason: str, entry: ModelEntry | None) -> None:
+        was_loaded = mv.scheduler is not None and not isinstance(mv, EnsembleVersion)
         mv.unload()
+        mv.reason = reason
+        if entry is not None:
+            with self._lock:
+                if entry.unloading.get(mv.version) is mv:
+                    del entry.unloading[mv.version]
         if was_loaded:
             self.backends.release(mv.spec.backend)
+        self._finishers.pop(mv, None)
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
-        self._notify(mv.name, mv.version, UNAVAILABLE, "unloaded")
+        self._notify(mv.name, mv.version, UNAVAILABLE, reason)
+
+    def _wait_unloaded(self, finishers: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + self.unload_wait
+        for finisher in finishers:
+            finisher.join(max(deadline - time.monotonic(), 0))
+            if finisher.is_alive():
+                log.warning("%s: requests still in flight after %.0f s; the version finishes "
+                            "unloading when they end", finisher.name, self.unload_wait)
 
     # --- poll mode -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -366,7 +490,7 @@ class ModelManager:
             locations, _ = repository.scan(self.roots)
             for name in list(self._models):
                 if name not in locations:
-                    self.unload(name)
+                    self._unload_entry(name)  # finishes in the background: never waited for here
                     del self._models[name]
             for name, loc in locations.items():
                 entry = self._models.get(name)
@@ -380,5 +504,6 @@ class ModelManager:
     def _notify(self, name: str, version: int, state: str, reason: str) -> None:
         try:
             self._on_state(name, version, state, reason)
-        except Exception:
+        except BaseException:  # noqa: BLE001 - a plugin's hook must not break a load or unload
             log.exception("model-state listener failed")
+

@@ -115,12 +115,24 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+# Triton's HTTP_MAX_JSON_NESTING_DEPTH: deeper `data` is refused with its message.
+MAX_JSON_NESTING_DEPTH = 100
+
+
 def _flatten(data: Iterable[Any]) -> Iterator[Any]:
-    for item in data:
-        if isinstance(item, list):
-            yield from _flatten(item)
-        else:
+    """The elements of nested lists, in order; iterative, so no nesting can exhaust the stack."""
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= MAX_JSON_NESTING_DEPTH:
+                    raise InvalidArgumentError(
+                        f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING_DEPTH})")
+                stack.append(iter(item))
+                break
             yield item
+        else:
+            stack.pop()
 
 
 def json_values(name: str, datatype: str, data: list, what: str = "input") -> np.ndarray:
@@ -305,6 +317,7 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     if shape is None:
         raise InvalidArgumentError(
             f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+    datatypes.check_shape(name, shape)
     params = item.get("parameters")
     if params is None:
         params = {}

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 
 from gunicorn.workers.base import Worker
 
+from host import tls
 from host.http.h1c import Limits, head_parser
 from host.http.server import HTTPServer
 
@@ -71,14 +72,17 @@ class ConnectionWorker(Worker):
         self.wsgi = app
         # keepalive = 0 still needs a limit on a client that never sends: gunicorn's timeout, else 30 s
         idle = self.cfg.keepalive if self.cfg.keepalive > 0 else (self.cfg.timeout or 30)
+        options = getattr(self.app, "options", None)  # host.serve.ServerApplication's
         server = HTTPServer(self.wsgi, listeners, max_connections=self.cfg.worker_connections,
-                            keepalive_timeout=idle)
+                            keepalive_timeout=idle,
+                            ssl_context=tls.http_context(options) if options is not None else None)
         server.parse_head = head_parser(Limits(self.cfg.limit_request_line, self.cfg.limit_request_fields,
                                                self.cfg.limit_request_field_size))
         accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
         accept.start()
         parent = self.ppid
         beats = 0
+        front_end_failure = getattr(self.app, "front_end_failure", lambda: None)
         while self.alive:
             self.notify()
             if os.getppid() != parent:
@@ -91,6 +95,13 @@ class ConnectionWorker(Worker):
                 self.log.info("autorestarting worker after current request: %s", self)
                 break
             if not accept.is_alive():
+                self.log.critical("the HTTP accept loop ended; restarting the worker")
+                break
+            # Never half alive: a front end that died takes the worker down, and the master
+            # starts a new one (host.supervise restores its models and registrations).
+            failure = front_end_failure()
+            if failure:
+                self.log.critical("%s; restarting the worker", failure)
                 break
         server.shutdown(self.cfg.graceful_timeout)
 

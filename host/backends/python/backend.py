@@ -27,7 +27,12 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
   the configured `data_type` turns the response into an error naming the output; BYTES outputs
   (object arrays of bytes/str, or 'S' arrays) become object arrays of `bytes`.
 
-BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls`.
+Process mode (`EXECUTION_MODE` "process", docs/process_model.md): each instance runs this same
+code in a stub process of its own (`host.backends.python.process`), so CPU-bound models scale with
+their instance count.
+
+BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls` (in
+thread mode; a model in process mode gets a clear error).
 
 Not supported (yet): request rescheduling; the optional `is_ready()`; GPU-resident tensors
 (tensors live in CPU memory); custom metrics are not exported.
@@ -65,6 +70,7 @@ from host.errors import Code as _Code
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
 from host.inference import Tensor as HostTensor
+from host.paths import resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,7 @@ _import_lock = threading.Lock()  # sys.path / sys.modules juggling is process-gl
 
 def model_file(spec: ModelSpec) -> Path:
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
-    path = spec.version_path / filename
+    path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
         raise NotFoundError(f"Python model file not found in '{path}'")
     if path.suffix != ".py":
@@ -247,10 +253,14 @@ class PythonBackend(Backend):
             forget_module(module)
 
     def create_model(self, spec: ModelSpec) -> PythonModel:
-        return PythonModel(spec)
+        model = PythonModel(spec)
+        model.backend_settings = self.config
+        return model
 
 
 class PythonModel(Model):
+    backend_settings: dict[str, str] = {}
+
     def initialize(self) -> None:
         self.path = model_file(self.spec)
         cfg = self.spec.config
@@ -260,7 +270,12 @@ class PythonModel(Model):
             for o in cfg.output if o.data_type != 0}
         self.output_names = [o.name for o in cfg.output]
 
-    def create_instance(self, spec: InstanceSpec) -> PythonInstance:
+    def create_instance(self, spec: InstanceSpec) -> Instance:
+        # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
+        if settings.execution_mode(self.spec, self.backend_settings) == "process":
+            from host.backends.python.process import ProcessInstance
+
+            return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings))
         return PythonInstance(self, spec)
 
 
@@ -293,6 +308,10 @@ def _emitter(instance: PythonInstance, request: HostRequest):
 
 
 class PythonInstance(Instance):
+    # In the server's process sys.exit() from a model fails only its requests; a stub process
+    # (host.backends.python.stub) sets this so that it ends the stub instead, as Triton's does.
+    exit_ends_process = False
+
     def __init__(self, model: PythonModel, spec: InstanceSpec) -> None:
         self.model = model
         self.spec = spec
@@ -371,11 +390,13 @@ class PythonInstance(Instance):
                     return None
                 result = self._run_coroutine(result)
             return self._collect(result, states)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - even sys.exit() fails only these requests
+            if self.exit_ends_process and isinstance(exc, SystemExit):
+                raise  # in a stub process (process mode) it ends the stub, as in Triton
             self._fail_all(states, exc)
             return None
 
-    def _fail_all(self, states: list[_RequestState], exc: Exception) -> None:
+    def _fail_all(self, states: list[_RequestState], exc: BaseException) -> None:
         """The model raised: every request still waiting gets Triton's error text."""
         message = (f"Failed to process the request(s) for model '{self.name}', message: "
                    f"{_exception_text(exc)}")
