@@ -47,11 +47,40 @@ class OutputFormat:
 
 # --- JSON helpers ----------------------------------------------------------------------------
 
+# orjson parses nested arrays and objects recursively and (3.8) overflows the C stack on a body
+# nested some 100,000 deep, killing the worker. Bodies that may nest deeper than this go to
+# Python's json instead, whose recursion limit turns them into a RecursionError (a 400).
+_ORJSON_MAX_NESTING = 512
+_SCAN_CHUNK = 1 << 20
+
+
+def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
+    """Whether the brackets in `buf` nest deeper than `limit` (brackets inside strings count
+    too: a false alarm only costs the slower parser)."""
+    raw = bytes(buf) if isinstance(buf, memoryview) else buf
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    arr = np.frombuffer(raw, np.uint8)
+    depth = 0
+    for start in range(0, arr.size, _SCAN_CHUNK):
+        part = arr[start:start + _SCAN_CHUNK]
+        steps = ((part == 0x5B) | (part == 0x7B)).astype(np.int32)
+        steps -= (part == 0x5D) | (part == 0x7D)
+        running = np.cumsum(steps) + depth
+        if running.max() > limit:
+            return True
+        depth = int(running[-1])
+    return False
+
+
 def load_json(buf: bytes | memoryview) -> Any:
-    try:
-        return orjson.loads(buf)
-    except orjson.JSONDecodeError as exc:
-        error = exc
+    if _may_nest_deeper(buf, _ORJSON_MAX_NESTING):
+        error: Exception = ValueError(f"nesting deeper than {_ORJSON_MAX_NESTING} levels")
+    else:
+        try:
+            return orjson.loads(buf)
+        except orjson.JSONDecodeError as exc:
+            error = exc
     # What orjson refuses but Triton's parser (rapidjson, kParseNanAndInfFlag, no encoding
     # validation) takes: NaN / Infinity / -Infinity, and strings holding bytes that are not
     # UTF-8 (kept byte for byte through `surrogateescape`; see `_utf8`).
@@ -115,10 +144,18 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def _flatten(data: Iterable[Any]) -> Iterator[Any]:
+# Triton's limit on how deep an input's JSON `data` may nest (HTTP_MAX_JSON_NESTING_DEPTH).
+MAX_DATA_NESTING = 100
+NESTING_TOO_DEEP = f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_NESTING})"
+
+
+def _flatten(data: Iterable[Any], depth: int = 1) -> Iterator[Any]:
+    """The elements of nested lists; `depth` is that of `data`'s items (the top list is 0)."""
+    if depth >= MAX_DATA_NESTING and data:
+        raise InvalidArgumentError(NESTING_TOO_DEEP)
     for item in data:
         if isinstance(item, list):
-            yield from _flatten(item)
+            yield from _flatten(item, depth + 1)
         else:
             yield item
 
@@ -183,11 +220,30 @@ def _big_integers(name: str, datatype: str, dtype: np.dtype, data: list, what: s
             f"{datatype}") from None
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _check_json_size(name: str, datatype: str, shape: list[int]) -> int:
+    """The element count of `shape`, refused where Triton's HTTP front end finds it overflows."""
+    count = datatypes.element_count(shape)
+    shape_text = "[" + ",".join(str(d) for d in shape) + "]"
+    if count > _INT64_MAX:
+        raise InvalidArgumentError(
+            f"invalid shape for input '{name}': shape {shape_text} causes total element count to "
+            f"exceed maximum size of {_INT64_MAX}")
+    size = datatypes.element_size(datatype)  # 0 for BYTES
+    if size > 1 and count > _INT64_MAX // size:
+        raise InvalidArgumentError(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size "
+            f"({size}) exceeds maximum allowed size ({_INT64_MAX})")
+    return count
+
+
 def json_to_array(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
+    count = _check_json_size(name, datatype, shape)
     if not isinstance(data, list):
         raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected an array")
     flat = json_values(name, datatype, data)
-    count = datatypes.element_count(shape)
     if flat.size != count:
         raise InvalidArgumentError(
             f"Unable to parse 'data' of input '{name}': shape {shape} needs {count} elements, "
