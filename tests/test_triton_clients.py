@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
