@@ -39,6 +39,9 @@ class ModelSpec:
     path: Path  # <repository>/<name>
     config: "model_config_pb2.ModelConfig"
     backend: str = ""
+    # Set by the host: a backend model whose own machinery died (a worker thread) calls it with
+    # the reason; the version becomes UNAVAILABLE so requests fail fast and health says so.
+    report_failure: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def version_path(self) -> Path:

@@ -18,6 +18,7 @@ from host import (__version__, bls, classification, datatypes, headers, logsetti
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, Probe, load_response_cache
+from host.ensemble import EnsembleRuntime
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError, error_for)
 from host.latency import parse_metrics_config
@@ -52,12 +53,14 @@ class Host:
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         opts = self.options
+        self.ensembles = EnsembleRuntime(self)  # ensemble steps: requests the host sends itself
         self.manager = ModelManager(opts.model_repositories, self.backends,
                                     opts.model_control_mode, self._on_model_state,
                                     auto_complete=not (opts.disable_auto_complete_config
                                                        or opts.strict_model_config),
                                     config_name=opts.model_config_name,
-                                    load_threads=opts.model_load_thread_count)
+                                    load_threads=opts.model_load_thread_count,
+                                    ensembles=self.ensembles)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
@@ -111,6 +114,7 @@ class Host:
         if self._poller is not None:
             self._poller.join()
         self.manager.unload_all()
+        self.ensembles.close()
         bls.detach(self)
         self.shm.close()  # unmaps only: the clients' regions stay as they are
         self._stream_pool.shutdown(wait=True)
@@ -375,7 +379,7 @@ class Host:
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
-        self.manager.unload(name)  # no ensembles yet, so a model has no dependents to unload
+        self.manager.unload(name, unload_dependents)
 
     # --- statistics ----------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

@@ -19,6 +19,9 @@ from host import config as config_mod
 from host import overrides, repository
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
+from host.ensemble import EnsembleVersion
+from host.ensemble.control import Dependencies, composing_of
+from host.ensemble.scheduler import StepRunner
 from host.errors import (HostError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError,
                          state_reason)
 from host.latency import LatencyConfig, LatencyRecorder, for_model
@@ -43,6 +46,8 @@ class ModelEntry:
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
+    explicit: bool = False  # loaded on request, not only as a composing model of an ensemble
+    waiting_on: set[str] = field(default_factory=set)  # unloaded composing models (ensembles)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for v in self.newest_first if v.state == READY]
@@ -67,7 +72,8 @@ class ModelEntry:
 class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
                  on_state: StateListener | None = None, *, auto_complete: bool = True,
-                 config_name: str = "", load_threads: int = 1) -> None:
+                 config_name: str = "", load_threads: int = 1,
+                 ensembles: StepRunner | None = None) -> None:
         self.roots = [Path(r) for r in roots]
         self.backends = backends
         self.mode = mode
@@ -78,6 +84,9 @@ class ModelManager:
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
         self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
+        self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
+        self._deps = Dependencies(self)  # ensembles and their composing models
+        self._pass: set[str] | None = None  # models loaded by the running load_all
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
@@ -179,23 +188,51 @@ class ModelManager:
                 except HostError as exc:
                     errors[name] = str(exc)
 
-            # The models load in parallel (--model-load-thread-count), as in Triton: each load
-            # touches only its own entry; the backend pool serializes backend creation.
-            if self.load_threads == 1 or len(wanted) < 2:
-                for name in wanted:
-                    load_one(name)
-            else:
-                with ThreadPoolExecutor(min(self.load_threads, len(wanted)),
-                                        thread_name_prefix="model-load") as pool:
-                    list(pool.map(load_one, wanted))
+            # Ensembles load last, one by one on this thread: each needs its composing models
+            # loaded (and loads those not asked for). The rest loads in parallel
+            # (--model-load-thread-count), as in Triton: each load touches only its own entry;
+            # the backend pool serializes backend creation.
+            ensembles = [n for n in wanted if self._is_ensemble(n)]
+            models = [n for n in wanted if n not in ensembles]
+            self._pass = set()  # an ensemble loads a composing model once, not again here
+            try:
+                if self.load_threads == 1 or len(models) < 2:
+                    for name in models:
+                        load_one(name)
+                else:
+                    with ThreadPoolExecutor(min(self.load_threads, len(models)),
+                                            thread_name_prefix="model-load") as pool:
+                        list(pool.map(load_one, models))
+                for name in ensembles:
+                    if name not in self._pass:
+                        load_one(name)
+            finally:
+                self._pass = None
+            for name in wanted:  # loaded on request, even if an ensemble loaded it first
+                if name in self._models and name not in errors:
+                    self._models[name].explicit = True
             return errors
 
+    def _is_ensemble(self, name: str) -> bool:
+        entry = self._models.get(name)
+        if entry is None or entry.location is None:
+            return False
+        try:
+            cfg = config_mod.load_config_file(entry.location.path, self.config_name)
+        except HostError:  # a broken config fails its own load, with its own error
+            return False
+        return cfg is not None and cfg.platform == config_mod.ENSEMBLE_PLATFORM
+
     def load(self, name: str, config_json: str | dict | None = None,
-             override_dir: Path | None = None) -> None:
+             override_dir: Path | None = None, explicit: bool = True) -> None:
         """(Re)load a model: every version its policy selects. Raises the first failure.
 
         With `override_dir` the model loads from that folder (host.overrides) instead of the
         repository; the folder is removed once no version of the model uses it.
+
+        An ensemble first loads the composing models that are not loaded yet (`explicit` False
+        for those, so that `unload_dependents` may unload them again); a model that loaded
+        brings back the ensembles that went down with it, and re-checks those that use it.
         """
         with self._lock:
             old = self._models.get(name)
@@ -203,7 +240,7 @@ class ModelManager:
             if old is not None and previous is not None:
                 old.override_dir, old.location = None, None  # back to the repository's copy
             try:
-                self._load(name, config_json, override_dir)
+                self._load(name, config_json, override_dir, explicit=explicit)
             finally:
                 entry = self._models.get(name)
                 for folder in (override_dir, previous):
@@ -211,7 +248,7 @@ class ModelManager:
                         self._settle_override(entry, folder)
 
     def _load(self, name: str, config_json: str | dict | None, override_dir: Path | None,
-              refresh: bool = True) -> None:
+              refresh: bool = True, explicit: bool = True) -> None:
         if refresh:
             self._refresh_locations()
         if override_dir is not None:
@@ -222,17 +259,28 @@ class ModelManager:
         if entry is None or entry.location is None or not entry.location.path.is_dir():
             raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
         entry.unloaded = False
+        entry.explicit = entry.explicit or explicit
         entry.fingerprint = repository.fingerprint(entry.location.path)
+        self._deps.loading.append(name)
         try:
-            base = self._base_config(entry, config_json)
-            versions = repository.select_versions(base.version_policy,
-                                                  repository.versions_on_disk(entry.location.path))
-        except HostError as exc:
-            entry.error = str(exc)
-            self._notify(name, -1, UNAVAILABLE, entry.error)
-            raise
-        entry.error = ""
-        self._load_versions(entry, base, versions)
+            try:
+                base = self._base_config(entry, config_json)
+                versions = repository.select_versions(base.version_policy,
+                                                      repository.versions_on_disk(entry.location.path))
+                if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
+                    self._deps.load_composing(name, base)
+            except HostError as exc:
+                entry.error = str(exc)
+                self._notify(name, -1, UNAVAILABLE, entry.error)
+                raise
+            entry.error = ""
+            entry.waiting_on.clear()
+            self._load_versions(entry, base, versions)
+        finally:
+            self._deps.loading.remove(name)
+        if self._pass is not None:
+            self._pass.add(name)
+        self._deps.model_loaded(name)
 
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
@@ -293,6 +341,8 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        if backend_name == config_mod.ENSEMBLE_PLATFORM:
+            return self._load_ensemble_version(spec)
         started = time.perf_counter()
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
@@ -322,18 +372,38 @@ class ModelManager:
         self._notify(entry.name, version, READY, "")
         return mv
 
-    def unload(self, name: str) -> None:
+    def _load_ensemble_version(self, spec: ModelSpec) -> ModelVersion:
+        """An ensemble has no backend: check it against its composing models and serve."""
+        if self.ensembles is None:
+            raise UnavailableError(f"model '{spec.name}': this host runs no ensembles")
+        config_mod.normalize_config(spec.config, spec.name)
+        mv = EnsembleVersion(spec, self.ensembles, self._deps.config_lookup(spec.name))
+        if self.latency_config is not None:  # summaries / histograms (host.latency)
+            mv.stats.latency = LatencyRecorder(self.latency_config,
+                                               bool(spec.config.response_cache.enable))
+        mv.load()
+        log.info("successfully loaded '%s' version %d", spec.name, spec.version)
+        self._notify(spec.name, spec.version, READY, "")
+        return mv
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
         with self._lock:
             entry = self._models.get(name)
             if entry is None:
                 raise NotFoundError(f"failed to unload '{name}', model is not found")
             entry.unloaded = True
+            entry.explicit = False
+            entry.waiting_on.clear()
+            composing = composing_of(entry)
             for mv in list(entry.versions.values()):
                 self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
             entry.versions, entry.failed = {}, {}
             if entry.override_dir is not None:
                 overrides.remove(entry.override_dir)
                 entry.override_dir, entry.location = None, None
+            self._deps.model_unloaded(name)
+            if unload_dependents:
+                self._deps.unload_unused(composing)
 
     @staticmethod
     def _settle_override(entry: ModelEntry, folder: Path) -> None:
@@ -351,14 +421,15 @@ class ModelManager:
             for name in list(self._models):
                 self.unload(name)
 
-    def _unload_version(self, mv: ModelVersion) -> None:
+    def _unload_version(self, mv: ModelVersion, reason: str = "unloaded") -> None:
         self._notify(mv.name, mv.version, "UNLOADING", "")
-        was_loaded = mv.scheduler is not None
+        was_loaded = mv.scheduler is not None and not isinstance(mv, EnsembleVersion)
         mv.unload()
+        mv.reason = reason
         if was_loaded:
             self.backends.release(mv.spec.backend)
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
-        self._notify(mv.name, mv.version, UNAVAILABLE, "unloaded")
+        self._notify(mv.name, mv.version, UNAVAILABLE, reason)
 
     # --- poll mode -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -383,3 +454,4 @@ class ModelManager:
             self._on_state(name, version, state, reason)
         except Exception:
             log.exception("model-state listener failed")
+

@@ -63,6 +63,7 @@ class ModelVersion:
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._inflight = 0
         self._cond = threading.Condition()
+        spec.report_failure = self.fail
         self.tracing = False  # set once a request of this model was sampled (host.trace)
         self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
 
@@ -116,6 +117,13 @@ class ModelVersion:
             self.scheduler.stop()
         self._finalize()
         self.state, self.reason = UNAVAILABLE, "unloaded"
+
+    def fail(self, reason: str) -> None:
+        """The backend model can no longer serve (see `ModelSpec.report_failure`)."""
+        with self._cond:
+            if self.state == READY:
+                log.error("model '%s' version %d is UNAVAILABLE: %s", self.name, self.version, reason)
+                self.state, self.reason = UNAVAILABLE, reason
 
     def _finalize(self) -> None:
         """Finalize instances (reverse order), then the model; errors are logged, not raised."""

@@ -75,7 +75,7 @@ def _request(**inputs) -> InferenceRequest:
 
 
 def test_tensors_to_a_generation_request():
-    r = generation_request(5, _request(input_ids=[[1, 2, 3, 0]], input_lengths=[[3]],
+    r, _ = generation_request(5, _request(input_ids=[[1, 2, 3, 0]], input_lengths=[[3]],
                                        request_output_len=[[7]], end_id=[[2]],
                                        runtime_top_k=[[4]], random_seed=[[9]]), False)
     assert (r.request_id, r.input_ids, r.max_new_tokens, r.end_id) == (5, [1, 2, 3], 7, 2)
@@ -86,3 +86,11 @@ def test_tensors_to_a_generation_request():
         generation_request(1, _request(input_ids=[[1], [2]], request_output_len=[[1]]), False)
     with pytest.raises(InvalidArgumentError, match="input_lengths"):
         generation_request(1, _request(input_ids=[[1]], input_lengths=[[5]], request_output_len=[[1]]), False)
+    # TensorRT-LLM's words lists: [1, 2, N] ids then end offsets (-1 pads)
+    r, _ = generation_request(1, _request(input_ids=[[1]], request_output_len=[[1]],
+                                          stop_words_list=[[[5, 6, 7, 8], [2, 3, -1, -1]]]), False)
+    assert r.stop_words == [[5, 6], [7]]
+    with pytest.raises(InvalidArgumentError, match="temperature"):
+        generation_request(1, InferenceRequest("llm", inputs=_request(input_ids=[[1]]).inputs,
+                                               parameters={"request_output_len": 2, "temperature": "hot"}),
+                           False)

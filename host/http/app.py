@@ -19,7 +19,8 @@ from host.config import config_to_json
 from host.core import Host
 from host.errors import Code, HostError, InternalError, InvalidArgumentError
 from host.headers import wsgi_headers
-from host.http import body, codec, generate
+from host.http import body, codec, generate, openai
+from host.http.server import CLIENT_GONE
 from host.http.status import error_body, status_line
 from host.inference import InferenceRequest, InferenceResponse
 
@@ -196,17 +197,10 @@ class Generate(_Resource):
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
         request = self._request(req, model, version)
-        responses = []
-        stream = self.host.infer_stream(request)
-        try:
-            for response in stream:
-                if response is None:
-                    continue
-                if response.error is not None:
-                    raise response.error
-                responses.append(response)
-        finally:
-            _close(stream)
+        responses = generate.collect(self.host, request, req.env.get(CLIENT_GONE))
+        for response in responses:
+            if response.error is not None:
+                raise response.error
         if len(responses) != 1:
             raise InternalError(generate.SINGLE_RESPONSE)
         resp.content_type = JSON
@@ -480,4 +474,5 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Fast
     app.add_route("/v2/repository/index", repo, suffix="index")
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)
+    openai.add_routes(app, host, repo.body)  # /v1/...: the OpenAI-compatible API (docs/llm.md)
     return FastInfer(app, infer)

@@ -12,16 +12,43 @@ BYTES as text).
 
 from __future__ import annotations
 
-from typing import Any
+import queue
+from typing import TYPE_CHECKING, Any, Callable
 
-from host.errors import InvalidArgumentError, UnsupportedError
+from host.errors import CancelledError, InvalidArgumentError, UnsupportedError
 from host.http.codec import dump_json, json_data, json_values, output_array, request_parameters
 from host.http.status import error_body
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 
+if TYPE_CHECKING:
+    from host.core import Host
+
 CONTENT_TYPE_SSE = "text/event-stream; charset=utf-8"
+CLIENT_POLL_S = 0.2  # how often a waiting handler checks that its client is still there
 SINGLE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for "
                    "model that generates various number of responses")
+
+
+def collect(host: Host, request: InferenceRequest,
+            client_gone: Callable[[], bool] | None) -> list[InferenceResponse]:
+    """Every response of `request` (not streamed), watching the client meanwhile: a client that
+    closes its connection cancels the request, so the model stops working for nobody (a
+    generation model frees its KV blocks at its next iteration)."""
+    responses: queue.SimpleQueue = queue.SimpleQueue()
+    host.submit(request, lambda response, final: responses.put((response, final)))
+    out: list[InferenceResponse] = []
+    while True:
+        try:
+            response, final = responses.get(timeout=CLIENT_POLL_S)
+        except queue.Empty:
+            if client_gone is not None and client_gone():
+                request.cancel()
+                raise CancelledError("the client closed the connection") from None
+            continue
+        if response is not None:
+            out.append(response)
+        if final:
+            return out
 
 
 def fit_shape(name: str, model_shape: list[int], count: int) -> list[int]:

@@ -14,6 +14,7 @@ shutdown. Not supported: TLS, HTTP/2, upgrades (use a proxy in front for those).
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import struct
@@ -29,6 +30,9 @@ log = logging.getLogger("host.http.server")
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 MAX_HEADER_BYTES = 64 * 1024
+# environ key: a callable that says whether the client has closed its connection (under another
+# WSGI server it is absent: handlers treat that as "still there")
+CLIENT_GONE = "modelhost.client_gone"
 _RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -386,6 +390,7 @@ class HTTPServer:
         expect = env.get("HTTP_EXPECT", "").lower() == "100-continue"
         body = _Body(conn, length, chunked, expect)
         env["wsgi.input"] = body
+        env[CLIENT_GONE] = functools.partial(_peer_closed, conn.sock)
 
         state: dict[str, Any] = {}
 
@@ -475,6 +480,16 @@ def _reply_error(conn: _Connection, status: str, message: str) -> None:
         conn.send(head + body)
     except _ClientGone:
         pass
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True once the client closed its side (a long request can stop working for nobody)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:

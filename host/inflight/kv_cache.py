@@ -9,7 +9,13 @@ Nothing is copied when the batch changes: a request that leaves just gives its b
 Block reuse (`enable_block_reuse`): a block that is full is registered under a hash of its tokens
 and of every token before it (the hash of the previous block chains in), so equal prefixes give
 equal hashes. A new request whose prompt starts with registered blocks takes them (reference
-counted) instead of computing them again. A registered block nobody references any more stays
+counted) instead of computing them again. A hash is only a lookup key: a match is accepted when
+the block's own tokens are equal and its predecessor is the very registration the request
+matched just before (each registration has a serial number; a block evicted and registered
+again gets a new one), so a hash collision can never hand out someone else's keys and values.
+Blocks are registered when the iteration that fills them is scheduled (their keys and values are
+written by that iteration's forward pass, before any attention reads them), so requests with a
+common prefix admitted in the same iteration share its blocks too. A registered block nobody references any more stays
 registered but evictable (least recently released first): it counts as free, and allocation takes
 it only when no never-registered block is left.
 
@@ -102,6 +108,9 @@ class KVCache:
         self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._hash_of: dict[int, int] = {}
         self._block_of: dict[int, int] = {}
+        # block -> (its serial, the serial of the block before it (0: none), its tokens)
+        self._content: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        self._serial = 0
         self.reused_blocks = 0  # blocks handed out from the reuse cache, cumulative
 
     # --- accounting ----------------------------------------------------------------------------
@@ -126,10 +135,23 @@ class KVCache:
                 block = self._free.popleft()
             else:  # evict the least recently released registered block
                 block, _ = self._evictable.popitem(last=False)
-                del self._block_of[self._hash_of.pop(block)]
+                self._unregister(block)
             self._ref[block] = 1
             blocks.append(block)
         return blocks
+
+    def retain(self, blocks: list[int]) -> None:
+        """One more reference to each of `blocks` (a beam sharing another's full blocks)."""
+        for block in blocks:
+            if self._ref[block] == 0:
+                self._evictable.pop(block, None)
+            self._ref[block] += 1
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """The keys and values of block `src` into block `dst` (every layer)."""
+        n = self.tokens_per_block
+        self.keys[:, dst * n:(dst + 1) * n] = self.keys[:, src * n:(src + 1) * n]
+        self.values[:, dst * n:(dst + 1) * n] = self.values[:, src * n:(src + 1) * n]
 
     def release(self, blocks: list[int]) -> None:
         for block in blocks:
@@ -154,25 +176,54 @@ class KVCache:
     def match_prefix(self, tokens: list[int]) -> tuple[list[int], list[int]]:
         """Registered blocks that hold a prefix of `tokens`, referenced for the caller, and
         their hashes. At least the last token is left out, so the request still computes one
-        token (it needs its logits)."""
+        token (it needs its logits). Each block's tokens and predecessor are verified."""
         if not self.enable_block_reuse:
             return [], []
-        full = (len(tokens) - 1) // self.tokens_per_block
+        n = self.tokens_per_block
+        full = (len(tokens) - 1) // n
         blocks, hashes = [], []
-        for h in self.block_hashes(tokens, full):
+        previous = 0
+        for b, h in enumerate(self.block_hashes(tokens, full)):
             block = self._block_of.get(h)
             if block is None:
                 break
+            serial, before, content = self._content[block]
+            if before != previous or content != tuple(tokens[b * n:(b + 1) * n]):
+                break  # a hash collision: not this prefix
             if self._ref[block] == 0:
                 del self._evictable[block]
             self._ref[block] += 1
             blocks.append(block)
             hashes.append(h)
+            previous = serial
         self.reused_blocks += len(blocks)
         return blocks, hashes
 
-    def register(self, block: int, block_hash: int) -> None:
-        """`block` is full and computed: make it findable by its hash (first one wins)."""
+    def register(self, block: int, block_hash: int, tokens: list[int] | tuple[int, ...] = (),
+                 previous_block: int | None = None) -> None:
+        """`block` holds `tokens` after `previous_block` (None: it is the first): make it
+        findable by its hash (first one wins)."""
         if self.enable_block_reuse and block_hash not in self._block_of and block not in self._hash_of:
+            before = 0
+            if previous_block is not None:
+                entry = self._content.get(previous_block)
+                if entry is None:
+                    return  # its predecessor is not registered: nobody could match it
+                before = entry[0]
+            self._serial += 1
             self._block_of[block_hash] = block
             self._hash_of[block] = block_hash
+            self._content[block] = (self._serial, before, tuple(tokens))
+
+    def forget(self, blocks: list[int]) -> None:
+        """Drop the registrations of `blocks` (their contents were never computed)."""
+        for block in blocks:
+            if block in self._hash_of:
+                self._evictable.pop(block, None)
+                self._unregister(block)
+                if self._ref[block] == 0:
+                    self._free.append(block)
+
+    def _unregister(self, block: int) -> None:
+        del self._block_of[self._hash_of.pop(block)]
+        del self._content[block]

@@ -7,13 +7,7 @@ projection of its own.
 
 `forward(batch, cache)` runs one iteration's flat batch (`host.inflight.step.StepBatch`): the
 projections run once over all tokens of all requests; each token's key and value go into its cache
-slot; attention reads each request's own slots only:
-- decode tokens (one per request in generation) all at once: their requests' blocks are
-  gathered into one run, scores computed block by block, and a softmax per request across its
-  blocks (scatter max / index_add), so no request is padded to the longest (only the unused
-  tail of each request's last block is masked);
-- context chunks one by one with scaled_dot_product_attention over the request's cached keys
-  (causal; a chunk after the first sees every earlier token of its request).
+slot; attention reads each request's own slots only (`host.inflight.attention`).
 
 `reference_logits(tokens)` is the textbook computation (no cache, whole sequence, causal
 attention) the tests check the paged path against.
@@ -24,7 +18,6 @@ Any model with the same `forward` contract and the attributes `layers`, `heads`,
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from host.inflight.attention import paged_attention
 if TYPE_CHECKING:
     from host.inflight.kv_cache import KVCache
     from host.inflight.step import StepBatch
@@ -89,6 +83,7 @@ class TinyDecoder(nn.Module):
         self.head_dim = config.d_model // config.heads
         self.dtype = DTYPES[config.dtype]
         self.device = torch.device("cpu")
+        self.window: int | None = None  # maxAttentionWindow (set by the manager's option)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos = nn.Embedding(config.max_seq_len, config.d_model)
         self.blocks = nn.ModuleList(_Block(config, self.kv_heads * self.head_dim)
@@ -130,18 +125,7 @@ class TinyDecoder(nn.Module):
             keys, values = cache.keys[i], cache.values[i]
             keys.index_copy_(0, batch.slots, k)
             values.index_copy_(0, batch.slots, v)
-            attn = torch.empty_like(q)
-            if batch.num_decode:
-                attn[:batch.num_decode] = self._decode_attention(q[:batch.num_decode], keys, values, batch)
-            for c in batch.contexts:
-                qc = q[c.start:c.start + c.length].transpose(0, 1)  # [H, n, D]
-                kc = keys.index_select(0, c.kv_slots).transpose(0, 1)
-                vc = values.index_select(0, c.kv_slots).transpose(0, 1)
-                if c.mask is None:
-                    o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
-                else:
-                    o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)
-                attn[c.start:c.start + c.length] = o.transpose(0, 1)
+            attn = paged_attention(q, keys, values, batch, self.window)
             x = x + blk.out(attn.reshape(t, -1))
             x = x + blk.down(F.gelu(blk.up(blk.ln2(x))))
         x = self.ln_f(x[batch.logits_index])
@@ -152,34 +136,6 @@ class TinyDecoder(nn.Module):
         q, k, v = blk.qkv(blk.ln1(x)).split([self.heads * self.head_dim, kv, kv], dim=-1)
         return (q.view(t, self.heads, self.head_dim), k.view(t, self.kv_heads, self.head_dim),
                 v.view(t, self.kv_heads, self.head_dim))
-
-    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                          batch: StepBatch) -> torch.Tensor:
-        """Attention of one query per request over that request's keys, all requests at once.
-
-        The requests' blocks are gathered whole ([B, tokens_per_block, KV heads, D]); slots past a
-        request's last token (in its last block only) are masked. Softmax runs per request across
-        its blocks: per-block maxima and sums, combined per request with scatter / index_add, so no
-        request is padded to the longest one. The G query heads sharing a KV head are one small
-        matrix product per block."""
-        n, heads, dim = q.shape
-        kvh, bs = self.kv_heads, batch.tokens_per_block
-        group = heads // kvh
-        seg = batch.decode_block_segment
-        kb = keys.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
-        vb = values.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
-        qb = q.view(n, kvh, group, dim).index_select(0, seg)  # [B, KVH, G, D]
-        scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
-        scores.masked_fill_(batch.decode_block_empty[:, None, None, :], -math.inf)
-        peak = torch.full((n, kvh, group), -math.inf, dtype=scores.dtype, device=q.device)
-        peak.scatter_reduce_(0, seg[:, None, None].expand(-1, kvh, group), scores.amax(-1),
-                             reduce="amax")
-        weights = torch.exp(scores - peak.index_select(0, seg)[..., None])
-        total = torch.zeros((n, kvh, group), dtype=scores.dtype, device=q.device).index_add_(
-            0, seg, weights.sum(-1))
-        out = torch.matmul(weights, vb)  # [B, KVH, G, D]
-        out = torch.zeros((n, kvh, group, dim), dtype=q.dtype, device=q.device).index_add_(0, seg, out)
-        return (out / total[..., None]).view(n, heads, dim)
 
     # --- the reference path ----------------------------------------------------------------------
     @torch.inference_mode()

@@ -33,6 +33,18 @@ if TYPE_CHECKING:
     from host.inflight.request import Sequence
 
 
+class BatchingScheme(enum.Enum):
+    """The seed's modelType. V1: a batch runs in lockstep to its end before the next one is
+    admitted (STATIC_BATCH admission whatever the policy; the statistics add Total Generation
+    Tokens and Empty Generation Slots). InflightBatching: requests join and leave every iteration.
+    InflightFusedBatching: the same here (its extra operation fusion is TensorRT's; this decoder
+    has nothing more to fuse)."""
+
+    V1 = "V1"
+    INFLIGHT = "InflightBatching"
+    INFLIGHT_FUSED = "InflightFusedBatching"
+
+
 class CapacityPolicy(enum.Enum):
     MAX_UTILIZATION = "MAX_UTILIZATION"
     GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
@@ -45,9 +57,11 @@ class SchedulerConfig:
     max_batch_size: int = 8  # requests running at once
     max_num_tokens: int | None = None  # tokens per iteration (None: no limit)
     enable_chunked_context: bool = False
+    batching: BatchingScheme = BatchingScheme.INFLIGHT_FUSED
 
     def __post_init__(self) -> None:
         self.policy = CapacityPolicy(self.policy)
+        self.batching = BatchingScheme(self.batching)
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if self.max_num_tokens is not None and self.max_num_tokens < self.max_batch_size:
@@ -75,7 +89,7 @@ class Scheduler:
         self.cache = cache
 
     def worst_case_blocks(self, seq: Sequence) -> int:
-        return self.cache.blocks_for(seq.max_total)
+        return self.cache.blocks_for(seq.max_total) * seq.request.beam_width
 
     def schedule(self, active: list[Sequence], waiting: collections.deque[Sequence],
                  iteration: int) -> Plan:
@@ -83,7 +97,9 @@ class Scheduler:
         budget = cfg.max_num_tokens if cfg.max_num_tokens is not None else 1 << 62
         batch_was_running = bool(active)
         work: list[tuple[Sequence, int]] = []
-        for seq in active:
+        # generation first (one token each: the beams of a request always step together), then
+        # the contexts in admission order with what the budget leaves
+        for seq in sorted(active, key=lambda s: s.phase is not Phase.GENERATION):
             n = self._chunk(seq, budget)
             if n:
                 work.append((seq, n))
@@ -94,7 +110,12 @@ class Scheduler:
             if cfg.policy is not CapacityPolicy.MAX_UTILIZATION:
                 raise RuntimeError(f"KV cache exhausted under {cfg.policy.value}: "
                                    f"{need} blocks needed, {cache.num_free} free")
-            victim = active.pop()  # the newest
+            victim = next((s for s in reversed(active) if s.beam is None
+                           and s.request.beam_width == 1), None)  # the newest; beams never pause
+            if victim is None:
+                raise RuntimeError(f"KV cache exhausted by beam search: {need} blocks needed, "
+                                   f"{cache.num_free} free")
+            active.remove(victim)
             for i, (seq, n) in enumerate(work):
                 if seq is victim:
                     need -= self._new_blocks(seq, n)
@@ -107,14 +128,24 @@ class Scheduler:
             need = sum(self._new_blocks(seq, n) for seq, n in work)
         for seq, n in work:
             self._grow(seq, n)
+            self.register_blocks(seq, seq.num_cached + n)
 
-        admit = not plan.paused and not (cfg.policy is CapacityPolicy.STATIC_BATCH and batch_was_running)
+        static = cfg.policy is CapacityPolicy.STATIC_BATCH or cfg.batching is BatchingScheme.V1
+        guaranteed = cfg.policy is not CapacityPolicy.MAX_UTILIZATION or cfg.batching is BatchingScheme.V1
+        admit = not plan.paused and not (static and batch_was_running)
         reserved = sum(s.reserved_blocks for s in active)
+        beam_reserved = sum(s.reserved_blocks for s in active if s.request.beam_width > 1)
         while admit and waiting and len(active) < cfg.max_batch_size and budget > 0:
             seq = waiting[0]
             worst = self.worst_case_blocks(seq)
-            if cfg.policy is not CapacityPolicy.MAX_UTILIZATION and reserved + worst > cache.num_blocks:
+            width = seq.request.beam_width
+            if len(active) + width > cfg.max_batch_size:
                 break
+            if guaranteed and reserved + worst > cache.num_blocks:
+                break
+            if width > 1 and beam_reserved + worst > cache.num_blocks:
+                break  # beams never pause: their worst cases must fit together
+            beam_reserved += worst if width > 1 else 0
             blocks, hashes = cache.match_prefix(seq.tokens)
             seq.block_table, seq.block_hashes = blocks, hashes
             seq.num_cached = len(blocks) * cache.tokens_per_block
@@ -125,6 +156,7 @@ class Scheduler:
                 break
             waiting.popleft()
             self._grow(seq, n)
+            self.register_blocks(seq, seq.num_cached + n)
             seq.phase = Phase.CONTEXT
             seq.admitted_at = iteration
             seq.reserved_blocks = worst
@@ -155,6 +187,22 @@ class Scheduler:
         extra = self._new_blocks(seq, n)
         if extra:
             seq.block_table.extend(self.cache.allocate(extra))
+
+    def register_blocks(self, seq: Sequence, known: int) -> None:
+        """Register the blocks of `seq` that are full once its first `known` tokens are cached
+        (this iteration's forward pass writes them before anything reads them)."""
+        cache = self.cache
+        if not cache.enable_block_reuse or seq.beam is not None:
+            return
+        n = cache.tokens_per_block
+        full = min(known // n, len(seq.block_table))
+        done = len(seq.block_hashes)
+        if full > done:
+            previous = seq.block_hashes[-1] if done else 0
+            for b, h in enumerate(cache.block_hashes(seq.tokens, full - done, done, previous), done):
+                cache.register(seq.block_table[b], h, seq.tokens[b * n:(b + 1) * n],
+                               seq.block_table[b - 1] if b else None)
+                seq.block_hashes.append(h)
 
     def pause(self, seq: Sequence) -> None:
         """Give back the blocks of `seq`; it recomputes everything when it is admitted again."""

@@ -73,6 +73,19 @@ def _slot_table(seq: Sequence, tokens_per_block: int) -> "torch.Tensor":
     return cached
 
 
+_OFFSETS: dict[int, "torch.Tensor"] = {}
+
+
+def _offsets(tokens_per_block: int) -> "torch.Tensor":
+    """arange(tokens_per_block), made once per block size."""
+    t = _OFFSETS.get(tokens_per_block)
+    if t is None:
+        import torch
+
+        t = _OFFSETS[tokens_per_block] = torch.arange(tokens_per_block)
+    return t
+
+
 def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
                tokens_per_block: int) -> StepBatch:
     """Pack one iteration: `decode` sequences compute their last token; each `(seq, n)` of
@@ -88,19 +101,24 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     dec_fill: list[int] = []
     logits_index: list[int] = []
     logits_rows: list[tuple[int, int]] = []
+    bs = tokens_per_block
+    # the hot loop of the host path: bound methods, one divmod per request
+    add_id, add_pos, add_write = ids.append, pos.append, dec_write.append
+    add_blocks, add_segment, add_fills, add_fill = (dec_blocks.extend, dec_segment.extend,
+                                                    dec_fill.extend, dec_fill.append)
     for i, seq in enumerate(decode):
         n = seq.num_cached
-        ids.append(seq.tokens[n])
-        pos.append(n)
-        dec_write.append(seq.block_table[n // tokens_per_block] * tokens_per_block
-                         + n % tokens_per_block)
-        blocks = -(-(n + 1) // tokens_per_block)
-        dec_blocks.extend(seq.block_table[:blocks])
-        dec_segment.extend([i] * blocks)
-        dec_fill.extend([tokens_per_block] * (blocks - 1))
-        dec_fill.append(n + 1 - (blocks - 1) * tokens_per_block)
-        logits_rows.append((len(logits_index), 1))
-        logits_index.append(i)
+        table = seq.block_table
+        full, offset = divmod(n, bs)  # the new token is slot `offset` of block `full`
+        add_id(seq.tokens[n])
+        add_pos(n)
+        add_write(table[full] * bs + offset)
+        add_blocks(table[:full + 1])
+        add_segment([i] * (full + 1))
+        add_fills([bs] * full)
+        add_fill(offset + 1)
+    logits_index.extend(range(len(decode)))
+    logits_rows.extend((i, 1) for i in range(len(decode)))
     contexts = []
     row = len(decode)
     for seq, n in context:
@@ -142,7 +160,7 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         num_decode=len(decode),
         decode_blocks=blocks,
         decode_block_segment=segment,
-        decode_block_empty=torch.arange(tokens_per_block) >= fill[:, None],
+        decode_block_empty=_offsets(tokens_per_block) >= fill[:, None],
         contexts=contexts,
         logits_index=logits_at,
         logits_rows=logits_rows,

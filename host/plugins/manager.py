@@ -85,7 +85,8 @@ def _collect(plugins: Plugins) -> None:
     """Call each registration hook plugin by plugin, so every record knows who made it."""
     registry = plugins.registry
     for hook in (plugins.manager.hook.modelhost_register_backends,
-                 plugins.manager.hook.modelhost_register_caches):
+                 plugins.manager.hook.modelhost_register_caches,
+                 plugins.manager.hook.modelhost_register_logits_processors):
         for impl in hook.get_hookimpls():
             registry.current_plugin = impl.plugin_name
             impl.function(registry=registry)

@@ -40,6 +40,18 @@ def modelhost_register_caches(registry: Registry) -> None:
     """
 
 
+@hookspec
+def modelhost_register_logits_processors(registry: Registry) -> None:
+    """Register logits post-processors with `registry.add_logits_processor(name, fn)`.
+
+    Called once per plugin manager, at start-up. `fn(request_id, logits, beam_tokens, client_id)
+    -> logits` (the batch manager's LogitsPostProcessor, docs/llm.md) runs on an "inflight"
+    model's worker thread for each request of a model whose config names it
+    (`logits_post_processor` parameter), or whose request names it (the same request parameter).
+    A processor that raises fails only the request it ran for.
+    """
+
+
 # --- notifications -----------------------------------------------------------------------------
 
 @hookspec

@@ -13,4 +13,6 @@ from host.plugins.spec import hookimpl
 def modelhost_register_backends(registry: Registry) -> None:
     from host.backends.inflight.backend import InflightBackend
 
-    registry.add_backend("inflight", InflightBackend)
+    # the registry is filled by every plugin before any model loads: the backend reads the
+    # logits processors from it when a model is created
+    registry.add_backend("inflight", lambda name: InflightBackend(name, registry.logits_processors))

@@ -27,7 +27,12 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
   the configured `data_type` turns the response into an error naming the output; BYTES outputs
   (object arrays of bytes/str, or 'S' arrays) become object arrays of `bytes`.
 
-BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls`.
+Process mode (`EXECUTION_MODE` "process", docs/process_model.md): each instance runs this same
+code in a stub process of its own (`host.backends.python.process`), so CPU-bound models scale with
+their instance count.
+
+BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls` (in
+thread mode; a model in process mode gets a clear error).
 
 Not supported (yet): request rescheduling; the optional `is_ready()`; GPU-resident tensors
 (tensors live in CPU memory); custom metrics are not exported.
@@ -247,10 +252,14 @@ class PythonBackend(Backend):
             forget_module(module)
 
     def create_model(self, spec: ModelSpec) -> PythonModel:
-        return PythonModel(spec)
+        model = PythonModel(spec)
+        model.backend_settings = self.config
+        return model
 
 
 class PythonModel(Model):
+    backend_settings: dict[str, str] = {}
+
     def initialize(self) -> None:
         self.path = model_file(self.spec)
         cfg = self.spec.config
@@ -260,7 +269,12 @@ class PythonModel(Model):
             for o in cfg.output if o.data_type != 0}
         self.output_names = [o.name for o in cfg.output]
 
-    def create_instance(self, spec: InstanceSpec) -> PythonInstance:
+    def create_instance(self, spec: InstanceSpec) -> Instance:
+        # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
+        if settings.execution_mode(self.spec, self.backend_settings) == "process":
+            from host.backends.python.process import ProcessInstance
+
+            return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings))
         return PythonInstance(self, spec)
 
 

@@ -1,0 +1,88 @@
+"""Attention over the paged KV cache, shared by every decoder the batch manager runs.
+
+`paged_attention(q, keys, values, batch, window)` computes, for one layer, the attention of every
+token of a flat iteration batch (`host.inflight.step.StepBatch`) over its own request's cached
+keys and values (the caller has already written this iteration's keys and values into their
+slots, so a context chunk sees its own tokens):
+
+- decode tokens (one per request in generation) all at once: their requests' blocks are gathered
+  into one run, scores computed block by block, and a softmax per request across its blocks
+  (scatter max / index_add), so no request is padded to the longest (only the unused tail of each
+  request's last block is masked);
+- context chunks one by one with scaled_dot_product_attention over the request's cached keys
+  (causal; a chunk after the first sees every earlier token of its request).
+
+`window` (the seed's maxAttentionWindow, Mistral's sliding_window): a token attends to itself and
+the `window - 1` tokens before it only; None attends to everything before it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from host.inflight.step import StepBatch
+
+
+def paged_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: StepBatch,
+                    window: int | None = None) -> torch.Tensor:
+    """q [T, heads, dim]; keys/values [slots, kv_heads, dim] (one layer) -> [T, heads, dim]."""
+    attn = torch.empty_like(q)
+    nd = batch.num_decode
+    if nd:
+        attn[:nd] = decode_attention(q[:nd], keys, values, batch, window)
+    for c in batch.contexts:
+        qc = q[c.start:c.start + c.length].transpose(0, 1)  # [H, n, D]
+        kc = keys.index_select(0, c.kv_slots).transpose(0, 1)
+        vc = values.index_select(0, c.kv_slots).transpose(0, 1)
+        mask = c.mask
+        if window is not None and c.offset + c.length > window:
+            q_pos = torch.arange(c.offset, c.offset + c.length, device=q.device)
+            k_pos = torch.arange(c.offset + c.length, device=q.device)
+            mask = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - window)
+        if mask is None:
+            o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True)
+        attn[c.start:c.start + c.length] = o.transpose(0, 1)
+    return attn
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: StepBatch,
+                     window: int | None = None) -> torch.Tensor:
+    """Attention of one query per request over that request's keys, all requests at once.
+
+    The requests' blocks are gathered whole ([B, tokens_per_block, KV heads, D]); slots past a
+    request's last token (in its last block only) are masked, and with a window the slots before
+    it. Softmax runs per request across its blocks: per-block maxima and sums, combined per
+    request with scatter / index_add. The G query heads sharing a KV head are one small matrix
+    product per block."""
+    n, heads, dim = q.shape
+    kvh, bs = keys.shape[1], batch.tokens_per_block
+    group = heads // kvh
+    seg = batch.decode_block_segment
+    kb = keys.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+    vb = values.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+    qb = q.view(n, kvh, group, dim).index_select(0, seg)  # [B, KVH, G, D]
+    scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
+    empty = batch.decode_block_empty
+    if window is not None:
+        # a request's blocks are contiguous in the run: its first block is where its segment starts
+        index = torch.arange(seg.shape[0], device=q.device) - torch.searchsorted(seg, seg)
+        slot_pos = index[:, None] * bs + torch.arange(bs, device=q.device)
+        q_pos = batch.positions[:n].index_select(0, seg)
+        empty = empty | (slot_pos <= (q_pos - window)[:, None])
+    scores.masked_fill_(empty[:, None, None, :], -math.inf)
+    peak = torch.full((n, kvh, group), -math.inf, dtype=scores.dtype, device=q.device)
+    peak.scatter_reduce_(0, seg[:, None, None].expand(-1, kvh, group), scores.amax(-1), reduce="amax")
+    # a block wholly outside the window has -inf scores only: exp(-inf - peak) is 0 there
+    weights = torch.exp(scores - peak.index_select(0, seg)[..., None])
+    total = torch.zeros((n, kvh, group), dtype=scores.dtype, device=q.device).index_add_(
+        0, seg, weights.sum(-1))
+    out = torch.matmul(weights, vb)  # [B, KVH, G, D]
+    out = torch.zeros((n, kvh, group, dim), dtype=q.dtype, device=q.device).index_add_(0, seg, out)
+    return (out / total[..., None]).view(n, heads, dim)

@@ -1,0 +1,633 @@
+"""Process mode of the python backend (docs/process_model.md), through a real `modelhost serve`
+and the real tritonclient: every instance runs in a stub process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from host.testing import serve, wait_until
+
+PROCESS = 'parameters { key: "EXECUTION_MODE" value { string_value: "process" } }\n'
+
+TYPES_MODEL = '''
+import json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            tensors = []
+            for name in ("FP32", "INT64", "BOOL", "STR", "FP16"):
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                tensors.append(pb_utils.Tensor("OUT_" + name, t.as_numpy()))
+            tensors.append(pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)))
+            tensors.append(pb_utils.Tensor(
+                "PARAMS", np.array([request.parameters().encode()], dtype=object)))
+            # Zero copy: the input is a view of the shared-memory arena, not a private array.
+            fp32 = pb_utils.get_input_tensor_by_name(request, "FP32").as_numpy()
+            base = fp32
+            while isinstance(base, np.ndarray) and not base.flags.owndata:
+                base = base.base
+            shared = type(base).__name__.startswith("c_char_Array")
+            tensors.append(pb_utils.Tensor("SHARED", np.array([shared])))
+            out.append(pb_utils.InferenceResponse(tensors))
+        return out
+'''
+
+TYPES_CONFIG = '''
+max_batch_size: 0
+input [
+  { name: "FP32" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "INT64" data_type: TYPE_INT64 dims: [ 2, 2 ] },
+  { name: "BOOL" data_type: TYPE_BOOL dims: [ -1 ] },
+  { name: "STR" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "FP16" data_type: TYPE_FP16 dims: [ -1 ] }
+]
+output [
+  { name: "OUT_FP32" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "OUT_INT64" data_type: TYPE_INT64 dims: [ 2, 2 ] },
+  { name: "OUT_BOOL" data_type: TYPE_BOOL dims: [ -1 ] },
+  { name: "OUT_STR" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "OUT_FP16" data_type: TYPE_FP16 dims: [ -1 ] },
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "SHARED" data_type: TYPE_BOOL dims: [ 1 ] }
+]
+''' + PROCESS
+
+DECOUPLED_MODEL = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.stream, args=(request,)).start()
+        return None
+
+    def stream(self, request):
+        n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+        sender = request.get_response_sender()
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+DECOUPLED_CONFIG = '''
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''' + PROCESS
+
+# Each execute announces its PID in a shared folder, then spins in pure Python (holding its GIL)
+# until it sees another execute's announcement, or gives up after a while. Both requests seeing
+# each other proves they ran at the same time; with one interpreter, the spin would hold the GIL.
+BUSY_MODEL = '''
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_dir = args["model_repository"]
+
+    def finalize(self):
+        open(os.path.join(self.model_dir, f"finalized.{os.getpid()}"), "w").close()
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            folder = pb_utils.get_input_tensor_by_name(request, "DIR").as_numpy()[0].decode()
+            mine = os.path.join(folder, str(os.getpid()))
+            open(mine, "w").close()
+            deadline = time.monotonic() + 20
+            overlap = False
+            while time.monotonic() < deadline:
+                x = 0
+                for i in range(20000):
+                    x += i * i
+                if len(os.listdir(folder)) >= 2:
+                    overlap = True
+                    break
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)),
+                pb_utils.Tensor("OVERLAP", np.array([overlap], dtype=bool))]))
+        return out
+'''
+
+BUSY_CONFIG = '''
+max_batch_size: 0
+input [ { name: "DIR" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "OVERLAP" data_type: TYPE_BOOL dims: [ 1 ] }
+]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+''' + PROCESS
+
+CRASH_MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 1:
+                os._exit(3)
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 2:
+                raise SystemExit(4)
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 3:
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "X must not be 3", pb_utils.TritonError.INVALID_ARG))]
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 4:
+                raise ValueError("four is right out")
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))]) for _ in requests]
+'''
+
+CRASH_CONFIG = '''
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+''' + PROCESS
+
+BLS_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 1:
+                pb_utils.is_model_ready("proc_types")
+            pb_utils.InferenceRequest(model_name="proc_types", requested_output_names=["PID"],
+                                      inputs=[]).exec()
+        return None
+'''
+
+BLS_CONFIG = '''
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''' + PROCESS
+
+# Polls is_cancelled() inside a long synchronous execute, and records what it saw.
+CANCEL_MODEL = '''
+import pathlib, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.record = pathlib.Path(args["model_repository"]) / "record.txt"
+
+    def execute(self, requests):
+        self.record.write_text("started")
+        deadline = time.monotonic() + 20
+        while not requests[0].is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.record.write_text("cancelled" if requests[0].is_cancelled() else "finished")
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("Y", np.array([1], dtype=np.int32))]) for _ in requests]
+'''
+
+BATCHED_CONFIG = '''
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+''' + PROCESS
+
+# OUTPUT0 = 2 * INPUT0, for every request of the batch.
+BATCHED_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)])
+            for r in requests]
+'''
+
+# Crashes on X == 1; its initialize fails while a file named "broken" is next to its config.
+FLAKY_MODEL = '''
+import os, pathlib
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if (pathlib.Path(args["model_repository"]) / "broken").exists():
+            raise RuntimeError("the model is broken")
+
+    def execute(self, requests):
+        if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] == 1:
+            os._exit(5)
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))]) for _ in requests]
+'''
+
+MODELS = {
+    "proc_flaky": (CRASH_CONFIG, FLAKY_MODEL),
+    "proc_batched": (BATCHED_CONFIG, BATCHED_MODEL),
+    "proc_cancel": (BLS_CONFIG, CANCEL_MODEL),
+    "proc_types": (TYPES_CONFIG, TYPES_MODEL),
+    "proc_decoupled": (DECOUPLED_CONFIG, DECOUPLED_MODEL),
+    "proc_busy": (BUSY_CONFIG, BUSY_MODEL),
+    "proc_crash": (CRASH_CONFIG, CRASH_MODEL),
+    "proc_bls": (BLS_CONFIG, BLS_MODEL),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("process_models")
+    for name, (config, code) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(config))
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    # The example model with implicit state (a running sum kept by the host), in process mode.
+    example = Path(__file__).resolve().parent.parent / "model_repository" / "sequence_implicit_state"
+    (repo / "proc_state" / "1").mkdir(parents=True)
+    (repo / "proc_state" / "1" / "model.py").write_text((example / "1" / "model.py").read_text())
+    (repo / "proc_state" / "config.pbtxt").write_text(
+        (example / "config.pbtxt").read_text().replace('"sequence_implicit_state"', '"proc_state"')
+        + PROCESS)
+    args = ["--model-control-mode", "explicit", "--allow-client-shm=true", "--load-model",
+            "proc_state"]
+    for name in MODELS:
+        args += ["--load-model", name]
+    with serve(repo, *args) as srv:
+        yield srv
+
+
+def _types_inputs(module):
+    values = {
+        "FP32": np.array([1.5, -2.0, 3.25], dtype=np.float32),
+        "INT64": np.array([[1, -2], [3, 1 << 40]], dtype=np.int64),
+        "BOOL": np.array([True, False, True]),
+        "STR": np.array([b"hello", b"", b"\x00bin\xff", "caf\u00e9".encode()], dtype=object),
+        "FP16": np.array([0.5, 2.0], dtype=np.float16),
+    }
+    datatypes = {"FP32": "FP32", "INT64": "INT64", "BOOL": "BOOL", "STR": "BYTES", "FP16": "FP16"}
+    inputs = []
+    for name, value in values.items():
+        t = module.InferInput(name, list(value.shape), datatypes[name])
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    return values, inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_datatypes_round_trip_through_the_stub(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    values, inputs = _types_inputs(module)
+    result = client.infer("proc_types", inputs, parameters={"greeting": "hi", "n": 3})
+    for name, value in values.items():
+        got = result.as_numpy("OUT_" + name)
+        assert got.dtype == value.dtype or name == "STR"
+        np.testing.assert_array_equal(got, value)
+    pid = int(result.as_numpy("PID")[0])
+    assert pid != server.pid and pid != os.getpid()
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {"greeting": "hi", "n": 3}
+    assert result.as_numpy("SHARED")[0]
+    # Only the requested outputs come back.
+    outputs = [module.InferRequestedOutput("OUT_STR"), module.InferRequestedOutput("PID")]
+    result = client.infer("proc_types", inputs, outputs=outputs)
+    assert result.as_numpy("OUT_FP32") is None
+    np.testing.assert_array_equal(result.as_numpy("OUT_STR"), values["STR"])
+
+
+def test_decoupled_model_streams_from_its_process(server):
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([5], dtype=np.int32))
+        client.async_stream_infer("proc_decoupled", [n], enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = responses.get(timeout=30)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            got.append(int(result.as_numpy("OUT")[0]))
+        assert got == [0, 1, 2, 3, 4]
+    finally:
+        client.stop_stream()
+
+
+def test_two_instances_execute_concurrently_in_two_processes(server, tmp_path):
+    client = httpclient.InferenceServerClient(server.url, concurrency=2)
+    folder = np.array([str(tmp_path).encode()], dtype=object)
+    inp = httpclient.InferInput("DIR", [1], "BYTES")
+    inp.set_data_from_numpy(folder)
+    pending = [client.async_infer("proc_busy", [inp]) for _ in range(2)]
+    results = [p.get_result(timeout=60) for p in pending]
+    pids = {int(r.as_numpy("PID")[0]) for r in results}
+    assert len(pids) == 2, pids
+    assert all(bool(r.as_numpy("OVERLAP")[0]) for r in results)
+    assert sorted(int(p.name) for p in tmp_path.iterdir()) == sorted(pids)
+
+
+def _crash_infer(client, value):
+    x = httpclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return client.infer("proc_crash", [x])
+
+
+@pytest.mark.parametrize("how", [1, 2], ids=["os._exit", "sys.exit"])
+def test_a_crashing_stub_fails_its_request_and_is_restarted(server, how):
+    client = httpclient.InferenceServerClient(server.url)
+    before = int(_crash_infer(client, 0).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException) as info:
+        _crash_infer(client, how)
+    assert re.search(r"Stub process 'proc_crash_0\w*' is not healthy\.", info.value.message())
+    assert not _alive(before)
+    # The next request starts the stub again and is served.
+    after = int(_crash_infer(client, 0).as_numpy("PID")[0])
+    assert after != before and _alive(after)
+    assert client.is_model_ready("proc_crash")
+
+
+def test_a_stub_that_cannot_restart_fails_requests_clearly_until_it_can(server):
+    client = httpclient.InferenceServerClient(server.url)
+    broken = Path(server.model_repository) / "proc_flaky" / "broken"
+
+    def infer(value):
+        x = httpclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([value], dtype=np.int32))
+        return client.infer("proc_flaky", [x])
+
+    broken.touch()
+    try:
+        with pytest.raises(InferenceServerException, match="is not healthy"):
+            infer(1)
+        with pytest.raises(InferenceServerException) as info:
+            infer(0)
+        assert re.search(r"Stub process 'proc_flaky_0\w*' failed to restart: RuntimeError: the "
+                         r"model is broken", info.value.message()), info.value.message()
+    finally:
+        broken.unlink()
+    assert int(infer(0).as_numpy("PID")[0]) > 0
+
+
+def test_model_errors_keep_their_code_and_triton_text(server):
+    client = httpclient.InferenceServerClient(server.url)
+    pid = int(_crash_infer(client, 0).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException) as info:
+        _crash_infer(client, 3)
+    assert info.value.status() == "400" and info.value.message() == "X must not be 3"
+    with pytest.raises(InferenceServerException) as info:
+        _crash_infer(client, 4)
+    assert re.fullmatch(r"Failed to process the request\(s\) for model 'proc_crash_0\w*', "
+                        r"message: ValueError: four is right out", info.value.message())
+    assert int(_crash_infer(client, 0).as_numpy("PID")[0]) == pid  # errors are not crashes
+
+
+def test_backend_setting_puts_every_python_model_in_process_mode(tmp_path):
+    (tmp_path / "plain" / "1").mkdir(parents=True)
+    (tmp_path / "plain" / "config.pbtxt").write_text(
+        'name: "plain"\nbackend: "python"\n' + textwrap.dedent(CRASH_CONFIG).replace(PROCESS, ""))
+    (tmp_path / "plain" / "1" / "model.py").write_text(textwrap.dedent(CRASH_MODEL))
+    with serve(tmp_path, "--backend-config=python,execution-mode=process") as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        x = httpclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([0], dtype=np.int32))
+        pid = int(client.infer("plain", [x]).as_numpy("PID")[0])
+        workers = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and _parent(int(p.name)) == srv.pid}
+        assert pid != srv.pid and pid not in workers  # not the server, not a gunicorn worker
+        assert _parent(pid) in workers  # a child of the worker that loaded the model
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def test_bls_from_a_stub_fails_clearly(server):
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    for value in (0, 1):  # 0: InferenceRequest.exec, 1: is_model_ready
+        x.set_data_from_numpy(np.array([value], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("proc_bls", [x])
+        assert "BLS is not available to a python model that runs in its own process" in \
+            info.value.message()
+
+
+def test_implicit_state_of_a_sequence_crosses_the_stub(server):
+    client = httpclient.InferenceServerClient(server.url)
+
+    def send(value, sid, **flags):
+        x = httpclient.InferInput("INPUT", [1], "INT32")
+        x.set_data_from_numpy(np.array([value], dtype=np.int32))
+        r = client.infer("proc_state", [x], sequence_id=sid, **flags)
+        assert [o["name"] for o in r.get_response()["outputs"]] == ["OUTPUT"]
+        return int(r.as_numpy("OUTPUT")[0])
+
+    assert [send(5, 51, sequence_start=True), send(6, 51), send(7, 51)] == [5, 11, 18]
+    assert send(2, 51, sequence_start=True) == 2  # START again: back to the initial state
+    assert send(3, 51, sequence_end=True) == 5
+
+
+def test_cancellation_reaches_a_model_inside_its_execute(server):
+    record = Path(server.model_repository) / "proc_cancel" / "record.txt"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer("proc_cancel", [x], client_timeout=1.0)
+    wait_until(lambda: record.exists() and record.read_text() == "cancelled", timeout=20,
+               message="the model in its stub process did not see the cancellation")
+
+
+def test_batched_requests_and_shared_memory_tensors(server):
+    import tritonclient.utils.shared_memory as shm
+
+    client = httpclient.InferenceServerClient(server.url, concurrency=8)
+    arrays = [np.arange(4, dtype=np.float32).reshape(1, 4) + i for i in range(8)]
+    pending = []
+    for a in arrays:
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(a)
+        pending.append(client.async_infer("proc_batched", [x]))
+    for a, p in zip(arrays, pending):
+        np.testing.assert_array_equal(p.get_result(timeout=60).as_numpy("OUTPUT0"), a * 2)
+    # Inputs from, and outputs into, a registered system shared-memory region.
+    handle = shm.create_shared_memory_region("proc_region", "/proc_region_test", 64)
+    try:
+        shm.set_shared_memory_region(handle, [arrays[3]])
+        client.register_system_shared_memory("proc_region", "/proc_region_test", 64)
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_shared_memory("proc_region", 16)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        out.set_shared_memory("proc_region", 16, offset=32)
+        client.infer("proc_batched", [x], outputs=[out])
+        got = shm.get_contents_as_numpy(handle, np.float32, [1, 4], offset=32)
+        np.testing.assert_array_equal(got, arrays[3] * 2)
+    finally:
+        client.unregister_system_shared_memory("proc_region")
+        shm.destroy_shared_memory_region(handle)
+    stats = client.get_inference_statistics("proc_batched")["model_stats"][0]
+    assert int(stats["inference_count"]) == 9
+
+
+def test_statistics_are_counted_by_the_server(server):
+    client = httpclient.InferenceServerClient(server.url)
+    _values, inputs = _types_inputs(httpclient)
+    before = client.get_inference_statistics("proc_types")["model_stats"][0]["inference_count"]
+    for _ in range(3):
+        client.infer("proc_types", inputs)
+    after = client.get_inference_statistics("proc_types")["model_stats"][0]["inference_count"]
+    assert int(after) - int(before) == 3
+    # The server's /metrics count them too (the stub process exports nothing of its own).
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("nv_inference_count{") and 'model="proc_types"' in ln)
+    assert float(line.rsplit(" ", 1)[1]) == float(after)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_unload_stops_the_stub_processes(server, tmp_path):
+    client = httpclient.InferenceServerClient(server.url, concurrency=2)
+    inp = httpclient.InferInput("DIR", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([str(tmp_path).encode()], dtype=object))
+    pending = [client.async_infer("proc_busy", [inp]) for _ in range(2)]
+    pids = {int(p.get_result(timeout=60).as_numpy("PID")[0]) for p in pending}
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    client.unload_model("proc_busy")
+    wait_until(lambda: not any(_alive(p) for p in pids), timeout=30,
+               message=f"stub processes {pids} outlived the unload")
+    model_dir = Path(server.model_repository) / "proc_busy"
+    assert all((model_dir / f"finalized.{p}").exists() for p in pids)  # finalize ran in each
+    client.load_model("proc_busy")
+    assert client.is_model_ready("proc_busy")
+
+
+# --- choosing the mode (no server) ------------------------------------------------------------
+
+def _spec(parameters: str = ""):
+    from host.backend import ModelSpec
+    from host.config import parse_config_text
+
+    config = parse_config_text('name: "m"\nbackend: "python"\n' + parameters, "m/config.pbtxt")
+    return ModelSpec(name="m", version=1, repository=Path("/r"), path=Path("/r/m"), config=config)
+
+
+def test_thread_mode_is_the_default_and_the_parameter_wins_over_the_backend_setting():
+    from host.backends.python import settings
+
+    assert settings.execution_mode(_spec(), {}) == "thread"
+    assert settings.execution_mode(_spec(), {"execution-mode": "process"}) == "process"
+    assert settings.execution_mode(_spec(PROCESS), {}) == "process"
+    thread = 'parameters { key: "EXECUTION_MODE" value { string_value: "thread" } }'
+    assert settings.execution_mode(_spec(thread), {"execution-mode": "process"}) == "thread"
+
+
+def test_an_unknown_execution_mode_is_refused_with_its_name():
+    from host.backends.python import settings
+    from host.errors import InvalidArgumentError
+
+    bad = 'parameters { key: "EXECUTION_MODE" value { string_value: "fork" } }'
+    with pytest.raises(InvalidArgumentError, match="EXECUTION_MODE of model 'm': 'fork'"):
+        settings.execution_mode(_spec(bad), {})
+    with pytest.raises(InvalidArgumentError, match="execution-mode: 'many'"):
+        settings.check({"execution-mode": "many"})
+
+
+# --- the shared-memory arena (no server) ------------------------------------------------------
+
+@pytest.mark.parametrize("datatype", ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
+                                      "UINT32", "UINT64", "FP16", "FP32", "FP64", "BF16", "BYTES"])
+def test_every_datatype_crosses_the_arena(datatype):
+    from host import datatypes
+    from host.backends.python.shm_arena import Arena
+
+    if datatype == "BYTES":
+        value = np.array([[b"x", b""], [b"\x00\xff", "\u00e9".encode()]], dtype=object)
+    else:
+        value = np.arange(6).reshape(2, 3).astype(datatypes.to_numpy(datatype))
+    arena = Arena.create(4096, "dt")
+    try:
+        reader = Arena.attach(arena.name, arena.size)
+        ref, _ = arena.write(datatype, value)
+        got = reader.view(ref)
+        assert got.dtype == value.dtype and got.shape == value.shape
+        np.testing.assert_array_equal(got, value)
+    finally:
+        arena.unlink()
+
+
+def test_arena_views_without_copy_gives_blocks_back_and_falls_back_inline_when_full():
+    import gc
+
+    from host.backends.python.shm_arena import Arena
+
+    arena = Arena.create(1024, "test")
+    try:
+        reader = Arena.attach(arena.name, arena.size)  # the other process's mapping
+        arena.unlink()
+        assert not Path("/dev/shm", arena.name).exists()
+        ref, offset = arena.write("FP32", np.arange(64, dtype=np.float32))
+        assert ref[2][0] == "a" and arena.in_use() == 256
+        released = []
+        view = reader.view(ref, released.append)[3:]
+        np.testing.assert_array_equal(view, np.arange(3, 64, dtype=np.float32))
+        arena.mm[offset + 12:offset + 16] = np.float32(7).tobytes()  # the writer's memory, seen live
+        assert view[0] == 7
+        del view
+        gc.collect()
+        assert released == [offset]
+        arena.free(offset)
+        assert arena.in_use() == 0
+        strings = np.array([b"a", b"", "\u00e9".encode()], dtype=object)
+        ref, offset = arena.write("BYTES", strings)
+        np.testing.assert_array_equal(reader.view(ref, released.append), strings)
+        assert released[-1] == offset  # BYTES are copied out: the block is free at once
+        arena.free(offset)
+        big, offset = arena.write("INT64", np.arange(200, dtype=np.int64))  # 1600 B > 1024 B
+        assert offset is None and big[2][0] == "i"
+        np.testing.assert_array_equal(reader.view(big), np.arange(200))
+        a, b, c = (arena.alloc(300) for _ in range(3))
+        assert None not in (a, b, c) and arena.alloc(300) is None
+        arena.free(a)
+        arena.free(c)
+        arena.free(b)  # merges with both neighbours: the whole arena is one block again
+        assert arena.alloc(1024) == 0
+    finally:
+        arena.unlink()
