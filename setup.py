@@ -22,6 +22,9 @@ setup(
                                 "-Wno-missing-field-initializers"],
             extra_link_args=["-Wl,-soname,libtritonserver.so"],
             libraries=["dl", "pthread"],
-        )
+        ),
+        # SIGBUS guard for client shared-memory mappings (host/shm/system.py).
+        Extension("host.shm._guard", sources=["host/shm/_guard.c"],
+                  extra_compile_args=["-std=gnu11"]),
     ]
 )

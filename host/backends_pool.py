@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from host.backend import Backend
-from host.errors import NotFoundError, UnsupportedError
+from host.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from host.paths import check_backend_name, is_inside
 from host.plugins.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,15 @@ class BackendPool:
         record = self.registry.backends.get(name)
         if record is not None:
             return record.factory(name)
+        check_backend_name(name)
         for lib in native_library_candidates(name, model_path, version, self.backend_directory):
             if lib.is_file():
+                # A library in the model's folders is the model's own: it must not be a link to
+                # code elsewhere on disk (the backend directory is the operator's, not checked).
+                if lib.parent in (model_path, model_path / str(version)) and not is_inside(model_path, lib):
+                    raise InvalidArgumentError(
+                        f"native backend library '{lib}' resolves outside the model directory "
+                        f"'{model_path}' (a symbolic link that leaves the model directory is not allowed)")
                 if self.native_loader is None:
                     raise UnsupportedError(
                         f"backend '{name}' is provided by no installed plugin; found native library "

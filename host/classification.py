@@ -22,6 +22,7 @@ import numpy as np
 from host import datatypes
 from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import Tensor
+from host.paths import is_inside
 from host.proto import model_config_pb2
 
 PARAMETER = "classification"
@@ -66,9 +67,8 @@ def load_labels(config: model_config_pb2.ModelConfig, model_dir: Path) -> dict[s
         if not output.label_filename:
             continue
         path = root / output.label_filename
-        real_root = os.path.realpath(root)
         real = os.path.realpath(path)
-        if os.path.commonpath([real_root, real]) != real_root:
+        if not is_inside(root, path):  # the one rule for files a config names (host.paths)
             raise UnsupportedError(
                 f"label file path '{path}' for output '{output.name}' in model "
                 f"'{config.name}' is outside model directory")

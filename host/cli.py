@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -163,6 +164,27 @@ def _serve_parser(sub) -> None:
                         "local,size=1048576 or redis,host=127.0.0.1")
     p.add_argument("--cache-directory", "--cache-dir", type=Path, default=None, metavar="DIR",
                    help="where native caches libtritoncache_<name>.so are searched (<dir>/<name>/)")
+    p.add_argument("--http-restricted-api", action="append", default=[],
+                   metavar="<category>[,<category>...]:<key>=<value>",
+                   help="answer the endpoints of these categories (health, metadata, inference, "
+                        "shared-memory, model-config, model-repository, statistics, trace, logging) "
+                        "only when the request has header <key>: <value> (repeatable)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[],
+                   metavar="<category>[,<category>...]:<key>=<value>",
+                   help="the same for gRPC; the metadata key is triton-grpc-protocol-<key>")
+    _flag(p, "--grpc-use-ssl", "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)")
+    _flag(p, "--grpc-use-ssl-mutual", "gRPC over mutual TLS: clients must present a certificate "
+          "signed by --grpc-root-cert")
+    p.add_argument("--grpc-server-cert", type=Path, default=None, metavar="PEM")
+    p.add_argument("--grpc-server-key", type=Path, default=None, metavar="PEM")
+    p.add_argument("--grpc-root-cert", type=Path, default=None, metavar="PEM")
+    p.add_argument("--http-ssl-cert", type=Path, default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain) and --http-ssl-key")
+    p.add_argument("--http-ssl-key", type=Path, default=None, metavar="PEM")
+    p.add_argument("--http-ssl-root-cert", type=Path, default=None, metavar="PEM",
+                   help="CA certificates that client certificates are checked against")
+    _flag(p, "--http-ssl-mutual", "HTTPS clients must present a certificate signed by "
+          "--http-ssl-root-cert")
     p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
                    help="deprecated: the same as --cache-config local,size=BYTES")
     _observability_flags(p)
@@ -196,6 +218,17 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         model_load_thread_count=args.model_load_thread_count,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         cache_directory=args.cache_directory,
+        http_restricted_api=args.http_restricted_api,
+        grpc_restricted_protocol=args.grpc_restricted_protocol,
+        grpc_use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
+        grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
+        grpc_server_cert=args.grpc_server_cert,
+        grpc_server_key=args.grpc_server_key,
+        grpc_root_cert=args.grpc_root_cert,
+        http_ssl_cert=args.http_ssl_cert,
+        http_ssl_key=args.http_ssl_key,
+        http_ssl_root_cert=args.http_ssl_root_cert,
+        http_ssl_mutual=args.http_ssl_mutual,
         trace=trace_config(args),
         http_header_forward_pattern=_pattern(args.http_header_forward_pattern),
         grpc_header_forward_pattern=_pattern(args.grpc_header_forward_pattern),
@@ -252,4 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         verbose_level=args.log_verbose, format=args.log_format))
     from host.serve import serve
 
-    return serve(options_from_args(args))
+    options = options_from_args(args)
+    from host import restricted, tls
+
+    try:  # refuse bad values before anything starts, with Triton's messages
+        restricted.http(options.http_restricted_api)
+        restricted.grpc(options.grpc_restricted_protocol)
+        tls.check(options)
+    except ValueError as exc:
+        print(f"modelhost: {exc}", file=sys.stderr)
+        return 2
+    return serve(options)

@@ -82,13 +82,14 @@ SUPPORT: dict[str, Support] = {
     "dynamic_batching.preserve_ordering": _impl(
         "with one instance requests run and answer in arrival order; refused with more than one "
         "instance, where executes overlap"),
-    "dynamic_batching.priority_levels": _refused("request priority levels are not supported"),
-    "dynamic_batching.default_priority_level": _refused(
-        "request priority levels are not supported"),
+    "dynamic_batching.priority_levels": _impl(
+        "levels served lowest first; a request's `priority` picks its level (host/queue_policy.py)"),
+    "dynamic_batching.default_priority_level": _impl(
+        "the level of requests without a valid `priority`"),
     "dynamic_batching.default_queue_policy": _impl(
         "queue timeout, timeout action, timeout override and max queue size"),
-    "dynamic_batching.priority_queue_policy": _refused(
-        "request priority levels are not supported"),
+    "dynamic_batching.priority_queue_policy": _impl(
+        "each level's own queue policy, as default_queue_policy"),
     "sequence_batching": _impl("see docs/sequences.md"),
     "sequence_batching.oldest.preserve_ordering": _none(
         "one sequence's requests already run and answer in order"),
@@ -169,9 +170,6 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
     "batch_output": lambda c: len(c.batch_output) > 0,
     "optimization.execution_accelerators.cpu_execution_accelerator": lambda c: len(
         c.optimization.execution_accelerators.cpu_execution_accelerator) > 0,
-    "dynamic_batching.priority_levels": lambda c: c.dynamic_batching.priority_levels > 1,
-    "dynamic_batching.default_priority_level": lambda c: c.dynamic_batching.default_priority_level > 1,
-    "dynamic_batching.priority_queue_policy": lambda c: len(c.dynamic_batching.priority_queue_policy) > 0,
     "sequence_batching.state.use_growable_memory": lambda c: any(
         s.use_growable_memory for s in c.sequence_batching.state),
     "sequence_batching.iterative_sequence": lambda c: c.sequence_batching.iterative_sequence,

@@ -60,11 +60,13 @@ class Host:
                                                        or opts.strict_model_config),
                                     config_name=opts.model_config_name,
                                     load_threads=opts.model_load_thread_count,
-                                    ensembles=self.ensembles)
+                                    ensembles=self.ensembles,
+                                    unload_wait=opts.exit_timeout_secs)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
+        self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
@@ -285,8 +287,15 @@ class Host:
         shm_manager = self.shm
         error: HostError | None = None
         latency = stats.latency  # host.latency: None unless --metrics-config asks for it
+        # Completion is a test-and-set under this lock: a scheduler failing the request and a
+        # backend thread answering it at the same moment deliver one final response, not two.
+        completing = threading.RLock()
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
+            with completing:
+                deliver(response, final)
+
+        def deliver(response: InferenceResponse | None, final: bool) -> None:
             nonlocal error
             if request.completed:
                 log.warning("model '%s' sent a response after the final one; dropped", name)
@@ -347,12 +356,13 @@ class Host:
     def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:
         try:
             mv.scheduler.submit(request)
-        except BaseException as exc:
-            if not request.completed:
-                err = exc if isinstance(exc, HostError) else InternalError(str(exc))
-                request.respond(InferenceResponse(error=err), True)
+        except BaseException as exc:  # noqa: BLE001 - whatever it is, it fails this request only
             if not isinstance(exc, Exception):
-                raise
+                log.error("model '%s': %s while scheduling a request", mv.name, type(exc).__name__)
+            if not request.completed:
+                err = exc if isinstance(exc, HostError) else InternalError(
+                    f"{type(exc).__name__}: {exc}" if not isinstance(exc, Exception) else str(exc))
+                request.respond(InferenceResponse(error=err), True)
 
     # --- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -376,10 +386,17 @@ class Host:
                 raise
             # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
             raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None
+        if self.journal is not None:  # a restarted worker loads it again (host.supervise)
+            if files:  # its files are not kept: after a crash it is not loaded again
+                self.journal.model_unloaded(name)
+            else:
+                self.journal.model_loaded(name, config)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
         self.manager.unload(name, unload_dependents)
+        if self.journal is not None:
+            self.journal.model_unloaded(name)
 
     # --- statistics ----------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

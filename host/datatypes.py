@@ -88,6 +88,28 @@ def to_config(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
 
 
+MAX_DIMS = 64  # numpy's limit: a tensor with more dimensions cannot be represented
+# nor one whose non-zero dimensions, times the widest element (16 bytes), pass int64: numpy
+# refuses such an array even when another dimension is 0.
+_MAX_ELEMENTS = (2**63 - 1) // 16
+
+
+def check_shape(name: str, shape: Sequence[int], model: str = "") -> None:
+    """Refuse a shape no tensor can have, before any array is made from it (both codecs call
+    this): more than MAX_DIMS dimensions, or non-zero dimensions whose product overflows int64
+    (`[0, 2**62]` holds no element, yet numpy cannot make that array)."""
+    where = f" for model '{model}'" if model else ""
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgumentError(
+            f"input '{name}'{where} has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
+    product = 1
+    for d in shape:
+        if d:
+            product *= d
+    if product > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in shape):
+        raise InvalidArgumentError(f"shape {list(shape)} of input '{name}'{where} is too large")
+
+
 def element_count(shape: Sequence[int]) -> int:
     n = 1
     for d in shape:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from host import config as config_mod
-from host import overrides, repository
+from host import overrides, paths, repository, supervise
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.ensemble import EnsembleVersion
@@ -48,6 +48,8 @@ class ModelEntry:
     override_dir: Path | None = None  # the private folder of a load with file overrides
     explicit: bool = False  # loaded on request, not only as a composing model of an ensemble
     waiting_on: set[str] = field(default_factory=set)  # unloaded composing models (ensembles)
+    # Versions being unloaded: they finish their requests in flight first (ModelManager.unload).
+    unloading: dict[int, ModelVersion] = field(default_factory=dict)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for v in self.newest_first if v.state == READY]
@@ -73,8 +75,10 @@ class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
                  on_state: StateListener | None = None, *, auto_complete: bool = True,
                  config_name: str = "", load_threads: int = 1,
-                 ensembles: StepRunner | None = None) -> None:
+                 ensembles: StepRunner | None = None, unload_wait: float = 30.0) -> None:
         self.roots = [Path(r) for r in roots]
+        self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
+        self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
         self.backends = backends
         self.mode = mode
         self.auto_complete = auto_complete  # off: --disable-auto-complete-config
@@ -92,7 +96,8 @@ class ModelManager:
     def get(self, name: str, version: int = -1) -> ModelVersion:
         """The READY version a request should use, or Triton's error."""
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and not entry.failed and not entry.error):
+        if entry is None or (not entry.versions and not entry.failed and not entry.error
+                             and not entry.unloading):
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
             mv = entry.default_version()
@@ -147,8 +152,11 @@ class ModelManager:
             if v.reason:
                 row["reason"] = v.reason
             rows.append(row)
+        for v in sorted(entry.unloading.values(), key=lambda v: v.version):
+            if v.version not in entry.versions:  # listed until its requests finished
+                rows.append({"name": entry.name, "version": str(v.version), "state": v.state})
         for version, reason in sorted(entry.failed.items()):
-            if version not in entry.versions:
+            if version not in entry.versions and version not in entry.unloading:
                 rows.append({"name": entry.name, "version": str(version), "state": UNAVAILABLE,
                              "reason": reason})
         if not rows:
@@ -326,9 +334,8 @@ class ModelManager:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
         entry.versions = new
-        for version, mv in old_versions.items():
-            if new.get(version) is not mv:
-                self._unload_version(mv)
+        self._wait_unloaded([self._unload_version(mv) for version, mv in old_versions.items()
+                             if new.get(version) is not mv])
         if entry.failed:
             # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
             raise InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
@@ -338,18 +345,28 @@ class ModelManager:
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
         backend_name = config_mod.backend_for(cfg)
+        paths.check_config_files(entry.location.path, version, cfg)  # before any backend sees it
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
         if backend_name == config_mod.ENSEMBLE_PLATFORM:
             return self._load_ensemble_version(spec)
+        loading = supervise.loading(entry.name, version)  # named by the master if the process dies
+        try:
+            return self._load_version_now(entry, spec, cfg, backend_name, version)
+        finally:
+            supervise.done(loading)
+
+    def _load_version_now(self, entry: ModelEntry, spec: ModelSpec, cfg: model_config_pb2.ModelConfig,
+                          backend_name: str, version: int) -> ModelVersion:
         started = time.perf_counter()
         try:
             backend = self.backends.acquire(backend_name, spec.path, version)
         except HostError:
             raise
-        except Exception as exc:
-            raise UnavailableError(f"backend '{backend_name}' failed to initialize: {exc}") from exc
+        except BaseException as exc:  # noqa: BLE001 - even sys.exit(): this model fails to load
+            raise UnavailableError(f"backend '{backend_name}' failed to initialize: "
+                                   f"{type(exc).__name__}: {exc}") from exc
         try:
             if self.auto_complete:
                 backend.auto_complete_config(spec)
@@ -364,8 +381,7 @@ class ModelManager:
             self.backends.release(backend_name)
             if isinstance(exc, HostError):
                 raise
-            if not isinstance(exc, Exception):
-                raise
+            # Any other exception, sys.exit() included, fails this model's load only.
             log.exception("model '%s' version %d failed to load", entry.name, version)
             raise InternalError(f"{type(exc).__name__}: {exc}") from exc
         log.info("successfully loaded '%s' version %d", entry.name, version)
@@ -387,23 +403,33 @@ class ModelManager:
         return mv
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload every version of a model; waits at most `unload_wait` seconds for their
+        requests in flight, and never while holding the repository lock, so that a model stuck
+        in execute freezes neither the caller nor loads, unloads, the index or polling."""
         with self._lock:
-            entry = self._models.get(name)
-            if entry is None:
-                raise NotFoundError(f"failed to unload '{name}', model is not found")
-            entry.unloaded = True
-            entry.explicit = False
-            entry.waiting_on.clear()
-            composing = composing_of(entry)
-            for mv in list(entry.versions.values()):
-                self._unload_version(mv)  # stays listed (UNLOADING) until its requests finish
-            entry.versions, entry.failed = {}, {}
-            if entry.override_dir is not None:
-                overrides.remove(entry.override_dir)
-                entry.override_dir, entry.location = None, None
-            self._deps.model_unloaded(name)
-            if unload_dependents:
-                self._deps.unload_unused(composing)
+            pending = self._unload_entry(name, unload_dependents)
+        self._wait_unloaded(pending)
+
+    def _unload_entry(self, name: str, unload_dependents: bool = False) -> list[threading.Thread]:
+        entry = self._models.get(name)
+        if entry is None:
+            raise NotFoundError(f"failed to unload '{name}', model is not found")
+        entry.unloaded = True
+        entry.explicit = False
+        entry.waiting_on.clear()
+        composing = composing_of(entry)
+        pending = []
+        for mv in list(entry.versions.values()):
+            entry.unloading[mv.version] = mv  # listed (UNLOADING) until its requests finish
+            pending.append(self._unload_version(mv, entry=entry))
+        entry.versions, entry.failed = {}, {}
+        if entry.override_dir is not None:
+            overrides.remove(entry.override_dir)
+            entry.override_dir, entry.location = None, None
+        self._deps.model_unloaded(name)
+        if unload_dependents:
+            self._deps.unload_unused(composing)
+        return pending
 
     @staticmethod
     def _settle_override(entry: ModelEntry, folder: Path) -> None:
@@ -418,18 +444,45 @@ class ModelManager:
 
     def unload_all(self) -> None:
         with self._lock:
-            for name in list(self._models):
-                self.unload(name)
+            pending = [t for name in list(self._models) for t in self._unload_entry(name)]
+        self._wait_unloaded(pending)
 
-    def _unload_version(self, mv: ModelVersion, reason: str = "unloaded") -> None:
+    def _unload_version(self, mv: ModelVersion, reason: str = "unloaded",
+                        entry: ModelEntry | None = None) -> threading.Thread:
+        """Refuse the version's new requests now; a thread of its own waits for those in flight
+        and then finalizes it (returned, for callers that wait a bounded time)."""
+        finisher = self._finishers.get(mv)
+        if finisher is not None:  # already unloading: one finisher per version
+            return finisher
         self._notify(mv.name, mv.version, "UNLOADING", "")
+        mv.begin_unload()
+        finisher = self._finishers[mv] = threading.Thread(
+            target=self._finish_unload, args=(mv, reason, entry), daemon=True,
+            name=f"unload-{mv.name}-{mv.version}")
+        finisher.start()
+        return finisher
+
+    def _finish_unload(self, mv: ModelVersion, reason: str, entry: ModelEntry | None) -> None:
         was_loaded = mv.scheduler is not None and not isinstance(mv, EnsembleVersion)
         mv.unload()
         mv.reason = reason
+        if entry is not None:
+            with self._lock:
+                if entry.unloading.get(mv.version) is mv:
+                    del entry.unloading[mv.version]
         if was_loaded:
             self.backends.release(mv.spec.backend)
+        self._finishers.pop(mv, None)
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
         self._notify(mv.name, mv.version, UNAVAILABLE, reason)
+
+    def _wait_unloaded(self, finishers: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + self.unload_wait
+        for finisher in finishers:
+            finisher.join(max(deadline - time.monotonic(), 0))
+            if finisher.is_alive():
+                log.warning("%s: requests still in flight after %.0f s; the version finishes "
+                            "unloading when they end", finisher.name, self.unload_wait)
 
     # --- poll mode -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -438,7 +491,7 @@ class ModelManager:
             locations, _ = repository.scan(self.roots)
             for name in list(self._models):
                 if name not in locations:
-                    self.unload(name)
+                    self._unload_entry(name)  # finishes in the background: never waited for here
                     del self._models[name]
             for name, loc in locations.items():
                 entry = self._models.get(name)
@@ -452,6 +505,6 @@ class ModelManager:
     def _notify(self, name: str, version: int, state: str, reason: str) -> None:
         try:
             self._on_state(name, version, state, reason)
-        except Exception:
+        except BaseException:  # noqa: BLE001 - a plugin's hook must not break a load or unload
             log.exception("model-state listener failed")
 

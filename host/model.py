@@ -85,12 +85,9 @@ class ModelVersion:
                 instance = self._model.create_instance(ispec)
                 instance.initialize()
                 self._slots.append(InstanceSlot(ispec, instance))
-        except BaseException:
-            self._finalize()
-            raise
-        try:
+            # may refuse the queue policy, or an implicit state's initial value
             self.scheduler = self._make_scheduler()
-        except BaseException:  # e.g. an implicit state's initial value that cannot be read
+        except BaseException:
             self._finalize()
             raise
         self.state = READY
@@ -104,8 +101,14 @@ class ModelVersion:
         if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),
-                                  db.max_queue_delay_microseconds)
+                                  db.max_queue_delay_microseconds, queue_config=db)
         return DirectScheduler(self, slots)
+
+    def begin_unload(self) -> None:
+        """Refuse new requests from now on (those in flight go on)."""
+        with self._cond:
+            if self.state == READY:
+                self.state = UNLOADING
 
     def unload(self, timeout: float | None = None) -> None:
         """Refuse new requests, wait for those in flight (final responses included), finalize."""

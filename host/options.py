@@ -42,6 +42,19 @@ class ServerOptions:
     # caches (<dir>/<name>/libtritoncache_<name>.so) are searched.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     cache_directory: Path | None = None
+    # Who may do what (host.restricted): Triton's `<category>[,...]:<key>=<value>` values.
+    http_restricted_api: list[str] = field(default_factory=list)
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
+    # TLS: gRPC as Triton's --grpc-use-ssl flags; HTTPS with --http-ssl-* (host.tls).
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: Path | None = None
+    grpc_server_key: Path | None = None
+    grpc_root_cert: Path | None = None
+    http_ssl_cert: Path | None = None
+    http_ssl_key: Path | None = None
+    http_ssl_root_cert: Path | None = None
+    http_ssl_mutual: bool = False
     # Observability (docs/observability.md): tracing from --trace-config; request headers that
     # match these patterns become request parameters; metrics from --metrics-config.
     trace: TraceConfig | None = None

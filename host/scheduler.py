@@ -13,20 +13,21 @@ different instances of a model run in parallel.
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from host import bls
-from host.errors import CancelledError, HostError, InternalError
+from host import bls, supervise
+from host.errors import CancelledError, HostError, InternalError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse
+from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
 
 if TYPE_CHECKING:
     from host.backend import Instance, InstanceSpec
     from host.model import ModelVersion
+    from host.proto.model_config_pb2 import ModelDynamicBatching
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,14 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         rows += r.batch_size
     held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
     called = time.perf_counter_ns()
-    failure: Exception | None = None
+    failure: BaseException | None = None
+    executing = supervise.executing(model.name)  # if the process dies now, the log names it
     try:
         responses = slot.instance.execute(requests)
-    except Exception as exc:  # the backend's failure becomes each request's error
+    except BaseException as exc:  # noqa: BLE001 - even SystemExit: the failure of these requests only
         responses, failure = None, exc
     finally:
+        supervise.done(executing)
         bls.HELD.reset(held)
     returned = time.perf_counter_ns()
     infer_ns, input_ns = returned - called, called - start
@@ -73,7 +76,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     handing = time.perf_counter_ns()
     if failure is not None:
         err = failure if isinstance(failure, HostError) else InternalError(
-            str(failure) or type(failure).__name__)
+            f"{type(failure).__name__}: {failure}" if not isinstance(failure, Exception)
+            else str(failure) or type(failure).__name__)
         if not isinstance(failure, HostError):
             log.error("model '%s' execute failed", model.name, exc_info=failure)
         _fail(requests, err)
@@ -130,7 +134,12 @@ class DirectScheduler:
     def submit(self, request: InferenceRequest) -> None:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
-        slot = self._free.get()
+        try:
+            slot = self._free.get_nowait()
+        except queue.Empty:
+            slot = self._wait_for_instance(request)
+            if slot is None:
+                return
         try:
             if request.is_cancelled():
                 _fail([request], CancelledError("request was cancelled"))
@@ -138,6 +147,17 @@ class DirectScheduler:
                 execute_batch(self.model, slot, [request])
         finally:
             self._free.put(slot)
+
+    def _wait_for_instance(self, request: InferenceRequest) -> InstanceSlot | None:
+        """Every instance is busy: wait, but leave when the client gives up (cancel, deadline),
+        so that an instance stuck in execute does not collect the caller threads for ever."""
+        while True:
+            try:
+                return self._free.get(timeout=0.25)
+            except queue.Empty:
+                if request.is_cancelled():
+                    _fail([request], CancelledError("request was cancelled"))
+                    return None
 
     def pending(self) -> int:
         """Requests waiting for a free instance (nv_inference_pending_request_count): those in
@@ -151,19 +171,26 @@ class DirectScheduler:
 
 class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
-                 preferred: Sequence[int], max_delay_us: int) -> None:
+                 preferred: Sequence[int], max_delay_us: int,
+                 queue_config: ModelDynamicBatching | None = None) -> None:
         self.model = model
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
         self.max_delay_ns = max_delay_us * 1000
-        self._queue: collections.deque[InferenceRequest] = collections.deque()
-        self._rows = 0  # rows queued
-        self._cond = threading.Condition()
+        # Priority levels, queue sizes and timeouts as Triton's (host.queue_policy).
+        self._queue = RequestQueue(queue_config)
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._reaper_cond = threading.Condition(lock)  # wakes the timeout reaper only
         self._stopping = False
         self._threads = [threading.Thread(target=self._run, args=(slot,), daemon=True,
                                           name=f"batcher-{slot.spec.name}") for slot in slots]
+        if self._queue.has_timeouts:
+            # Expired requests are rejected on time even while every instance is busy.
+            self._threads.append(threading.Thread(target=self._reap, daemon=True,
+                                                  name=f"batcher-timeouts-{model.name}"))
         for t in self._threads:
             t.start()
 
@@ -171,43 +198,70 @@ class DynamicBatcher:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
         with self._cond:
-            self._queue.append(request)
-            self._rows += request.batch_size
+            self._queue.append(request)  # UNAVAILABLE when its queue is full: the request fails
             self._cond.notify()
+            if self._queue.has_timeouts:
+                self._reaper_cond.notify()
+
+    def _reap(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                deadline = self._queue.next_deadline()
+                wait = max(deadline - time.perf_counter_ns(), 0) / 1e9 + 0.0005 if deadline else None
+                self._reaper_cond.wait(wait)
+                rejected = self._queue.expire()
+            _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))
 
     def _run(self, slot: InstanceSlot) -> None:
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
-            live = [r for r in batch if not r.is_cancelled()]
-            _fail([r for r in batch if r.is_cancelled()], CancelledError("request was cancelled"))
-            if live:
-                execute_batch(self.model, slot, live)
+            try:
+                live = [r for r in batch if not r.is_cancelled()]
+                _fail([r for r in batch if r.is_cancelled()], CancelledError("request was cancelled"))
+                if live:
+                    execute_batch(self.model, slot, live)
+            except BaseException as exc:  # noqa: BLE001 - the batch fails, the batcher goes on
+                log.error("model '%s': batch failed", self.model.name, exc_info=exc)
+                _fail(batch, InternalError(f"{type(exc).__name__}: {exc}"))
 
     def _next_batch(self) -> list[InferenceRequest] | None:
-        with self._cond:
-            while not self._queue:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            deadline = self._queue[0].enqueue_ns + self.max_delay_ns
-            while self._rows < self.target and not self._stopping:
-                remaining = deadline - time.perf_counter_ns()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining / 1e9)
-                if not self._queue:  # another instance took them
-                    return []
-            batch, rows = [], 0
-            while self._queue and (not batch or rows + self._queue[0].batch_size <= self.max_batch):
-                r = self._queue.popleft()
-                rows += r.batch_size
-                batch.append(r)
-            self._rows -= rows
-            if self._queue:
-                self._cond.notify()  # let an idle instance start on what is left
-            return batch
+        rejected: list[InferenceRequest] = []
+        try:
+            with self._cond:
+                queue = self._queue
+                while not queue:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                front = queue.front()
+                assert front is not None
+                deadline = front.enqueue_ns + self.max_delay_ns
+                while queue.rows < self.target and not self._stopping:
+                    remaining = deadline - time.perf_counter_ns()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining / 1e9)
+                    if not queue:  # another instance took them
+                        return []
+                rejected = queue.expire()
+                batch, rows = [], 0
+                while queue:
+                    front = queue.front()
+                    assert front is not None
+                    if batch and rows + front.batch_size > self.max_batch:
+                        break
+                    r = queue.popleft()
+                    rows += r.batch_size
+                    batch.append(r)
+                if queue:
+                    self._cond.notify()  # let an idle instance start on what is left
+                return batch
+        finally:
+            _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
 
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
@@ -217,5 +271,6 @@ class DynamicBatcher:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._reaper_cond.notify_all()
         for t in self._threads:
             t.join()

@@ -17,6 +17,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.glogging import Logger as GunicornLogger
 
 from host.options import ServerOptions
+from host.supervise import Supervisor, restore
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class ServerApplication(BaseApplication):
         self.host: Any = None
         self.grpc: Any = None
         self.metrics: Any = None
+        # Made here, in the master, before the fork: no crash loops, and a crashed worker comes
+        # back with its models and shared-memory registrations (host.supervise).
+        self.supervisor = Supervisor()
         super().__init__()
 
     def load_config(self) -> None:
@@ -59,8 +63,11 @@ class ServerApplication(BaseApplication):
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
             "accesslog": None,
             "loglevel": "debug" if o.log_verbose else "info",
-            "post_worker_init": _graceful_worker_sigint,
+            "post_worker_init": self._post_worker_init,
             "worker_exit": self._worker_exit,
+            "pre_fork": self.supervisor.pre_fork,
+            "child_exit": self.supervisor.child_exit,
+            "on_exit": self.supervisor.on_exit,
             "proc_name": "modelhost",
             "logger_class": _ServerLog,
             "control_socket_disable": True,  # several servers may run side by side
@@ -74,14 +81,26 @@ class ServerApplication(BaseApplication):
         from host.http.app import create_app
 
         o = self.options
+        journal = self.supervisor.worker_started()
+        if journal.restored and o.model_control_mode == "explicit":
+            o.load_models = []  # the journal knows what the crashed worker had loaded
         self.host = Host(o)
         self.host.start()
-        app = create_app(self.host, max_input_size=o.http_max_input_size)
+        if not journal.restored and o.model_control_mode == "explicit":
+            for mv in self.host.manager.loaded():
+                journal.models.setdefault(mv.name, None)
+        restore(self.host, journal)
+        from host import restricted, tls
+
+        app = create_app(self.host, max_input_size=o.http_max_input_size,
+                         restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
             from host.grpc.server import start_grpc_server
 
             self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
-                                          compression_level=o.grpc_compression_level)
+                                          compression_level=o.grpc_compression_level,
+                                          restrictions=restricted.grpc(o.grpc_restricted_protocol),
+                                          credentials=tls.grpc_credentials(o))
             log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         if o.allow_metrics:
             from host.metrics import start_metrics_server
@@ -96,7 +115,19 @@ class ServerApplication(BaseApplication):
         gc.set_threshold(20_000, 50, 50)
         return app
 
+    def front_end_failure(self) -> str | None:
+        """Why a front end of this worker stopped serving, or None; the worker's heartbeat asks
+        (host.http.worker) and leaves when there is one, so that the master starts a new one."""
+        if self.grpc is not None and self.grpc.failure:
+            return self.grpc.failure
+        return None
+
+    def _post_worker_init(self, worker: Any) -> None:
+        _graceful_worker_sigint(worker)
+        self.supervisor.worker_booted()
+
     def _worker_exit(self, server: Any, worker: Any) -> None:
+        self.supervisor.worker_exiting()
         # The HTTP connections are drained by now; let gRPC calls in flight finish too.
         if self.grpc is not None:
             self.grpc.stop(grace=self.options.exit_timeout_secs)

@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -77,8 +78,11 @@ class ServerProcess:
         *extra_args: str,
         env: Mapping[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.model_repository = str(model_repository)
+        # HTTPS servers (--http-ssl-cert): the client context the readiness probe uses.
+        self.ssl_context = ssl_context
         self.extra_args = [str(arg) for arg in extra_args]
         self.env = dict(env or {})
         if log_path is None:
@@ -97,7 +101,7 @@ class ServerProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.url}"
+        return f"{'https' if self.ssl_context is not None else 'http'}://{self.url}"
 
     @property
     def grpc_url(self) -> str:
@@ -170,7 +174,9 @@ class ServerProcess:
 
     def is_ready(self) -> bool:
         try:
-            with _NO_PROXY.open(f"{self.http_url}/v2/health/ready", timeout=2) as response:
+            opener = _NO_PROXY if self.ssl_context is None else urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.ssl_context))
+            with opener.open(f"{self.http_url}/v2/health/ready", timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -241,12 +247,13 @@ def serve(
     *extra_args: str,
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Iterator[ServerProcess]:
     """Run `modelhost serve` on `model_repository` for the duration of the block.
 
     The log file is removed afterwards unless the block raised (then its path is kept for inspection).
     """
-    server = ServerProcess(model_repository, *extra_args, env=env)
+    server = ServerProcess(model_repository, *extra_args, env=env, ssl_context=ssl_context)
     failed = True
     try:
         with server.start(timeout):

@@ -52,10 +52,6 @@ REFUSED_CONFIGS = {
                     'source_input: "INPUT0" } ]',
     "optimization.execution_accelerators.cpu_execution_accelerator":
         'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }',
-    "dynamic_batching.priority_levels": "dynamic_batching { priority_levels: 2 default_priority_level: 1 }",
-    "dynamic_batching.default_priority_level": "dynamic_batching { default_priority_level: 2 }",
-    "dynamic_batching.priority_queue_policy":
-        "dynamic_batching { priority_queue_policy { key: 1 value { max_queue_size: 3 } } }",
     "dynamic_batching.preserve_ordering":
         "dynamic_batching { preserve_ordering: true } instance_group [ { count: 2 } ]",
     "sequence_batching.state.use_growable_memory":

@@ -115,7 +115,7 @@ class CacheService:
                     hit = InferenceResponse(outputs=outputs)
         except codec.CorruptEntryError as exc:
             self._errors.error("rejected a malformed cached entry (treated as a miss): %s", exc)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a cache plugin's failure is never the request's
             self._errors.error("lookup failed (request goes on uncached): %s: %s",
                                type(exc).__name__, exc)
         elapsed = time.perf_counter_ns() - start
@@ -128,7 +128,7 @@ class CacheService:
             entry = codec.encode_entry(response.outputs)
             if entry is not None:
                 self.cache.insert(key, entry)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a cache plugin's failure is never the request's
             self._errors.error("insert failed (response not cached): %s: %s", type(exc).__name__, exc)
 
 

@@ -180,6 +180,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                 raise InvalidArgumentError(
                     f"invalid shape {shape} for input '{name}' for model '{model}': dimensions "
                     "must not be negative")
+        datatypes.check_shape(name, shape, model)
         params = tensor.parameters
         extra = {}
         if params:

@@ -43,6 +43,7 @@ from host.errors import HostError
 from host.grpc.servicer import DEFERRED, Servicer
 from host.grpc.status import status_code
 from host.proto import grpc_service_pb2 as pb
+from host.restricted import Restrictions
 
 log = logging.getLogger("host.grpc")
 
@@ -119,7 +120,7 @@ class _UnaryCall:
             except DecodeError:
                 raise _Status(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
             response = self.method(request, self)
-        except Exception as exc:  # noqa: BLE001 - every error is the call's status
+        except BaseException as exc:  # noqa: BLE001 - every error (sys.exit() too) is the call's status
             self.finish(exc)
             return
         if response is not DEFERRED:
@@ -132,7 +133,7 @@ class _UnaryCall:
             if isinstance(response, BaseException):
                 raise response
             data = response.SerializeToString()
-        except Exception as exc:  # noqa: BLE001 - every error is the call's status
+        except BaseException as exc:  # noqa: BLE001 - every error is the call's status
             code, details = exc.status if isinstance(exc, _Status) else _error_status(exc)
             self.call.start_server_batch(
                 (_SendMetadata(None, _NO_FLAGS), _SendStatus(None, code, details, _NO_FLAGS)), _ignore)
@@ -288,6 +289,7 @@ class _Pollers:
         self.wakeups = 0  # resting threads asked to become active
         self.busy: dict[int, float] = {}  # thread -> when it took the event it handles
         self.closed = False  # the completion queue is shut down
+        self.failure: str | None = None  # why a polling thread died (it must not; see _run)
         self.stopping = threading.Event()
         self.watchdog = threading.Thread(target=self._watch, name="grpc-watchdog", daemon=True)
 
@@ -303,6 +305,13 @@ class _Pollers:
         thread.start()
 
     def _run(self) -> None:
+        try:
+            self._poll()
+        except BaseException as exc:  # noqa: BLE001 - recorded: the worker notices and restarts
+            self.failure = f"a gRPC polling thread died: {type(exc).__name__}: {exc}"
+            log.critical(self.failure, exc_info=exc)
+
+    def _poll(self) -> None:
         cq, cond, busy = self.cq, self.cond, self.busy
         me = threading.get_ident()
         monotonic = time.monotonic
@@ -313,7 +322,7 @@ class _Pollers:
             if kind == _OPERATION_COMPLETE:
                 try:
                     event.tag(event)
-                except Exception:  # noqa: BLE001 - a bug must not stop the server
+                except BaseException:  # noqa: BLE001 - nothing a call does may stop the server
                     log.exception("error handling a gRPC event")
             elif kind == _QUEUE_SHUTDOWN:
                 with cond:
@@ -359,23 +368,32 @@ class _Pollers:
     def join(self) -> None:
         """After the completion queue was shut down: wait for every thread."""
         self.stopping.set()
+        if self.failure:  # the dead thread will not pass the queue's end on: wake the resting ones
+            with self.cond:
+                self.closed = True
+                self.cond.notify_all()
         me = threading.current_thread()
         for thread in [self.watchdog, *self.threads]:
             if thread is not me and thread.ident is not None:
-                thread.join()
+                thread.join(None if not self.failure else 2.0)
 
 
 class GrpcServer:
     """A started gRPC server; `.port` is the port it listens on (useful when 0 was asked)."""
 
-    def __init__(self, servicer: Servicer, target: str, options: tuple, max_threads: int) -> None:
+    def __init__(self, servicer: Servicer, target: str, options: tuple, max_threads: int,
+                 restrictions: Restrictions | None = None, credentials: Any = None) -> None:
         self._servicer = servicer
+        self._restrictions = restrictions or None  # host.restricted: None when nothing is
         self._unary = _unary_table(servicer)
         self._stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(options, False)
         self._server.register_completion_queue(self._cq)
-        self.port = self._server.add_http2_port(target.encode())
+        if credentials is not None:  # grpc.ServerCredentials (host.tls): TLS, maybe mutual
+            self.port = self._server.add_http2_port(target.encode(), credentials._credentials)
+        else:
+            self.port = self._server.add_http2_port(target.encode())
         self._pollers = _Pollers(self._cq, max_threads)
         self._lock = threading.Lock()
         self._serving = False
@@ -396,6 +414,15 @@ class GrpcServer:
         if not event.success:
             return
         path = event.call_details.method
+        if self._restrictions is not None:
+            denial = self._restrictions.grpc_denial(path.rsplit(b"/", 1)[-1].decode("latin-1"),
+                                                    event.invocation_metadata)
+            if denial is not None:
+                event.call.start_server_batch(
+                    (_SendMetadata(None, _NO_FLAGS), _ReceiveClose(_NO_FLAGS),
+                     _SendStatus(None, cygrpc.StatusCode.unavailable, denial.encode(), _NO_FLAGS)),
+                    _ignore)
+                return
         entry = self._unary.get(path)
         if entry is not None:
             _UnaryCall(event.call, entry[0], entry[1], event.invocation_metadata)
@@ -416,6 +443,12 @@ class GrpcServer:
             if not self._serving:
                 return
             self._serving = False
+            if self.failure:
+                # No thread polls the queue any more: one that only drains it lets the core
+                # finish its shutdown; calls in flight are cancelled at once.
+                threading.Thread(target=_drain, args=(self._cq,), daemon=True,
+                                 name="grpc-drain").start()
+                grace = 0
             self._server.shutdown(self._cq, self._on_shutdown)
         if not self._shutdown.wait(grace if grace is not None else 0):
             self._server.cancel_all_calls()
@@ -424,6 +457,11 @@ class GrpcServer:
         self._pollers.join()
         self._server.destroy()
         log.info("gRPC server stopped")
+
+    @property
+    def failure(self) -> str | None:
+        """Why the server can no longer serve (a polling thread died), or None."""
+        return self._pollers.failure
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server stopped (True) or `timeout` passed (False)."""
@@ -434,9 +472,22 @@ def _bracket(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
+def _drain(cq: Any) -> None:
+    """Run the events left on a queue whose polling thread died, until it is shut down."""
+    while True:
+        event = cq.poll()
+        if event.completion_type == _QUEUE_SHUTDOWN:
+            return
+        try:
+            event.tag(event)
+        except BaseException:  # noqa: BLE001 - shutting down: nothing left to protect
+            pass
+
+
 def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 32,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                      compression_level: str = "none") -> GrpcServer:
+                      compression_level: str = "none", restrictions: Restrictions | None = None,
+                      credentials: Any = None) -> GrpcServer:
     """Serve `host` over gRPC on `address:port` (port 0: any free port); returns once listening.
 
     At most `max_workers` threads take calls and run them (a call runs its model on the thread
@@ -455,7 +506,8 @@ def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 
     if COMPRESSION_LEVELS[compression_level]:
         options.append(("grpc.default_compression_level", COMPRESSION_LEVELS[compression_level]))
     target = f"{_bracket(address)}:{port}"
-    server = GrpcServer(Servicer(host), target, tuple(options), max(1, max_workers))
+    server = GrpcServer(Servicer(host), target, tuple(options), max(1, max_workers),
+                        restrictions, credentials)
     if not server.port:
         server._server.destroy()
         raise OSError(f"failed to start the gRPC server: cannot bind {target} "

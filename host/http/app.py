@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import sys
 from typing import Any, Iterator
 
 import falcon
@@ -23,6 +24,7 @@ from host.http import body, codec, generate, openai
 from host.http.server import CLIENT_GONE
 from host.http.status import error_body, status_line
 from host.inference import InferenceRequest, InferenceResponse
+from host.restricted import Restrictions
 
 log = logging.getLogger("host.http")
 
@@ -147,18 +149,36 @@ class FastInfer:
     unsure of, goes to the falcon app (`.falcon`), which has the same responder behind that route.
     """
 
-    def __init__(self, app: falcon.App, infer: Infer) -> None:
+    def __init__(self, app: falcon.App, infer: Infer, restrictions: Restrictions | None = None) -> None:
         self.falcon = app
         self.infer = infer
+        self.restrictions = restrictions or None  # host.restricted: None when nothing is
 
     def __call__(self, env: dict[str, Any], start_response: Any) -> Any:
         path = env.get("PATH_INFO", "")
+        if self.restrictions is not None:
+            denial = self.restrictions.http_denial(path, env)
+            if denial is not None:
+                data = error_body(denial)
+                start_response("403 Forbidden", [("Content-Type", JSON),
+                                                 ("Content-Length", str(len(data)))])
+                return [data]
         if env.get("REQUEST_METHOD") == "POST" and path.startswith("/v2/models/") and path.endswith("/infer"):
             parts = path[11:-6].split("/")
             if parts[0] and (len(parts) == 1 or (len(parts) == 3 and parts[1] == "versions"
                                                  and parts[2].isascii() and parts[2].isdigit())):
                 return self._infer(env, start_response, parts[0], parts[2] if len(parts) == 3 else "")
-        return self.falcon(env, start_response)
+        try:
+            return self.falcon(env, start_response)
+        except Exception:
+            raise  # falcon's own handlers answered those already; not reached
+        except BaseException as ex:  # noqa: BLE001 - falcon lets SystemExit & co. through: not here
+            log.error("unhandled %s on %s %s", type(ex).__name__, env.get("REQUEST_METHOD"), path,
+                      exc_info=ex)
+            data = error_body(f"internal error: {type(ex).__name__}: {ex}")
+            start_response("500 Internal Server Error", [("Content-Type", JSON),
+                                                         ("Content-Length", str(len(data)))], sys.exc_info())
+            return [data]
 
     def _infer(self, env: dict[str, Any], start_response: Any, model: str, version: str) -> list[bytes]:
         try:
@@ -166,8 +186,9 @@ class FastInfer:
             status = "200 OK"
         except HostError as ex:
             status, headers, data = _error_answer(ex)
-        except Exception as ex:  # noqa: BLE001 - as falcon's catch-all handler does
-            log.exception("unhandled error on POST %s", env.get("PATH_INFO"))
+        except BaseException as ex:  # noqa: BLE001 - as falcon's catch-all handler does, SystemExit too
+            if not _body_failed(env):  # a broken body: the server answers and logs it, in one line
+                log.exception("unhandled error on POST %s", env.get("PATH_INFO"))
             status, headers = "500 Internal Server Error", [("Content-Type", JSON)]
             data = error_body(f"internal error: {type(ex).__name__}: {ex}")
         headers.append(("Content-Length", str(len(data))))
@@ -422,8 +443,15 @@ def _http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError
     resp.data = error_body(message)
 
 
+def _body_failed(env: dict[str, Any]) -> bool:
+    """Whether reading the request body failed (malformed chunks, a client gone mid-body): the
+    HTTP server answers for those itself and logs one rate-limited line (host.http.server)."""
+    return getattr(env.get("wsgi.input"), "failure", None) is not None
+
+
 def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict) -> None:
-    log.exception("unhandled error on %s %s", req.method, req.path)
+    if not _body_failed(req.env):
+        log.exception("unhandled error on %s %s", req.method, req.path)
     resp.status = falcon.HTTP_500
     resp.content_type = JSON
     resp.data = error_body(f"internal error: {type(ex).__name__}: {ex}")
@@ -434,7 +462,8 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
 _VERSIONED = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 
 
-def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> FastInfer:
+def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+               restrictions: Restrictions | None = None) -> FastInfer:
     """The WSGI app serving `host` over Triton's HTTP/REST API (its falcon app is `.falcon`)."""
     app = falcon.App(media_type=JSON)
     app.req_options.auto_parse_form_urlencoded = False
@@ -475,4 +504,4 @@ def create_app(host: Host, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> Fast
     app.add_route("/v2/repository/models/{model}/load", repo, suffix="load")
     app.add_route("/v2/repository/models/{model}/unload", repo, suffix="unload", compile=True)
     openai.add_routes(app, host, repo.body)  # /v1/...: the OpenAI-compatible API (docs/llm.md)
-    return FastInfer(app, infer)
+    return FastInfer(app, infer, restrictions)

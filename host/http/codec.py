@@ -144,20 +144,26 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-# Triton's limit on how deep an input's JSON `data` may nest (HTTP_MAX_JSON_NESTING_DEPTH).
-MAX_DATA_NESTING = 100
-NESTING_TOO_DEEP = f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_NESTING})"
+# Triton's HTTP_MAX_JSON_NESTING_DEPTH: deeper `data` is refused with its message.
+MAX_JSON_NESTING_DEPTH = 100
 
 
-def _flatten(data: Iterable[Any], depth: int = 1) -> Iterator[Any]:
-    """The elements of nested lists; `depth` is that of `data`'s items (the top list is 0)."""
-    if depth >= MAX_DATA_NESTING and data:
-        raise InvalidArgumentError(NESTING_TOO_DEEP)
-    for item in data:
-        if isinstance(item, list):
-            yield from _flatten(item, depth + 1)
-        else:
+def _flatten(data: Iterable[Any]) -> Iterator[Any]:
+    """The elements of nested lists, in order; iterative, so no nesting can exhaust the stack."""
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                # Triton refuses an element at depth 100 (the data array is depth 0); this
+                # list's items would be at depth len(stack) + 1.
+                if len(stack) + 1 >= MAX_JSON_NESTING_DEPTH:
+                    raise InvalidArgumentError(
+                        f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING_DEPTH})")
+                stack.append(iter(item))
+                break
             yield item
+        else:
+            stack.pop()
 
 
 def json_values(name: str, datatype: str, data: list, what: str = "input") -> np.ndarray:
@@ -361,6 +367,7 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     if shape is None:
         raise InvalidArgumentError(
             f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+    datatypes.check_shape(name, shape)
     params = item.get("parameters")
     if params is None:
         params = {}

@@ -16,20 +16,32 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import socket
+import ssl
 import struct
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote_to_bytes
 
 from gunicorn_h1c import IncompleteError, ParseError, parse_to_wsgi_environ
 
+from host.ratelog import RateLimitedLog
+
 log = logging.getLogger("host.http.server")
+_quiet_log = RateLimitedLog(log)  # bad requests and failed handshakes: one line, rate-limited
 
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 MAX_HEADER_BYTES = 64 * 1024
+HANDSHAKE_SECONDS = 10.0
+HEADER_SECONDS = 30.0  # from a request's first byte to the end of its head
+# A body must keep coming: after BODY_GRACE_SECONDS, at BODY_MIN_RATE bytes/s on average at least
+# (a client that trickles its body would otherwise hold its connection's thread for ever).
+BODY_GRACE_SECONDS = 30.0
+BODY_MIN_RATE = 1024
 # environ key: a callable that says whether the client has closed its connection (under another
 # WSGI server it is absent: handlers treat that as "still there")
 CLIENT_GONE = "modelhost.client_gone"
@@ -44,18 +56,34 @@ class _ClientGone(Exception):
 
 
 class _BadRequest(Exception):
-    pass
+    status = "400 Bad Request"
+
+
+class _NotImplemented(_BadRequest):
+    status = "501 Not Implemented"
+
+
+class _Timeout(_BadRequest):
+    status = "408 Request Timeout"
+
+
+# A chunk size is hex digits only (RFC 9112 7.1): no sign, no '0x', no spaces inside, bounded.
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class _Body:
     """`wsgi.input`: the request body, read from the socket only when the app asks for it."""
 
-    __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure")
+    __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure",
+                 "_chunk_left", "_started", "_received")
 
     def __init__(self, conn: "_Connection", length: int, chunked: bool, expect_continue: bool) -> None:
         self._conn = conn
         self._buf = b""  # body bytes already received, not yet given to the app (chunked only)
         self._remaining = length  # Content-Length bodies: bytes still to give
+        self._chunk_left = 0  # chunked bodies: bytes of the current chunk not read yet
+        self._started = 0.0  # when the app first asked for the body
+        self._received = 0
         self._chunked = chunked
         self._done = not chunked and length == 0
         self._continue = expect_continue and not self._done
@@ -76,10 +104,12 @@ class _Body:
         if self._continue:
             self._continue = False
             self._conn.send(_CONTINUE)
+        if not self._started:
+            self._started = time.monotonic()
         if self._chunked:
             return self._read_chunked(size)
         n = self._remaining if size is None or size < 0 else min(size, self._remaining)
-        data = self._conn.read_exact(n)
+        data = self._conn.read_exact(n, self)
         self._remaining -= n
         self._done = self._remaining == 0
         return data
@@ -90,24 +120,36 @@ class _Body:
         have = len(self._buf)
         self._buf = b""
         while not self._done and (want is None or have < want):
-            line = self._conn.read_line()
-            try:
-                length = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _BadRequest("invalid chunk size") from None
-            if length == 0:
-                while self._conn.read_line():  # trailers, up to the empty line
-                    pass
-                self._done = True
-                break
-            parts.append(self._conn.read_exact(length))
-            if self._conn.read_exact(2) != b"\r\n":
+            if not self._chunk_left:
+                size_text = self._conn.read_line(self).split(b";", 1)[0].rstrip(b" \t")
+                if not _CHUNK_SIZE.fullmatch(size_text):
+                    raise _BadRequest("invalid chunk size")
+                length = int(size_text, 16)
+                if length == 0:
+                    while self._conn.read_line():  # trailers, up to the empty line
+                        pass
+                    self._done = True
+                    break
+                self._chunk_left = length
+            # Only what the app asked for: a chunk that claims a terabyte is read (and refused
+            # by the app's size limit) piece by piece, never held whole.
+            n = self._chunk_left if want is None else min(self._chunk_left, want - have)
+            parts.append(self._conn.read_exact(n, self))
+            self._chunk_left -= n
+            have += n
+            if not self._chunk_left and self._conn.read_exact(2) != b"\r\n":
                 raise _BadRequest("invalid chunk terminator")
-            have += length
         data = b"".join(parts)
         if want is not None and len(data) > want:
             data, self._buf = data[:want], data[want:]
         return data
+
+    def progress(self, count: int) -> None:
+        """`count` more body bytes arrived; refuse a body that comes too slowly."""
+        self._received += count
+        elapsed = time.monotonic() - self._started
+        if elapsed > BODY_GRACE_SECONDS and self._received < BODY_MIN_RATE * elapsed:
+            raise _Timeout("request body arriving too slowly")
 
     def readline(self, size: int | None = -1) -> bytes:  # WSGI asks for it; bodies here are not lines
         return self.read(size)
@@ -123,7 +165,10 @@ class _Body:
     def skippable(self) -> bool:
         """Whether what the app left unread can be skipped to reuse the connection: not when the
         client still waits for 100 Continue, nor for a large body (cheaper to close)."""
-        return not self._continue and (self._chunked or self._remaining <= 16 * _RECV)
+        if self._continue:
+            return False
+        # A chunked body's length is unknown until its end: left unread, the connection closes.
+        return (self._done and not self._chunk_left) if self._chunked else self._remaining <= 16 * _RECV
 
     def finish(self) -> bool:
         """Skip what the app left unread; False when the connection cannot be reused."""
@@ -162,7 +207,7 @@ class _Connection:
             raise _ClientGone()
         return data
 
-    def read_exact(self, n: int) -> bytes:
+    def read_exact(self, n: int, body: _Body | None = None) -> bytes:
         pending = self.pending
         if len(pending) >= n:
             self.pending = pending[n:] if len(pending) > n else b""
@@ -179,19 +224,28 @@ class _Connection:
                 raise _ClientGone()
             parts.append(chunk)
             have += len(chunk)
+            if body is not None:
+                body.progress(len(chunk))
         return b"".join(parts)
 
-    def read_line(self) -> bytes:
+    def read_line(self, body: _Body | None = None) -> bytes:
         while b"\r\n" not in self.pending:
             if len(self.pending) > MAX_HEADER_BYTES:
                 raise _BadRequest("line too long")
-            self.pending += self.recv()
+            data = self.recv()
+            self.pending += data
+            if body is not None:
+                body.progress(len(data))
         line, self.pending = self.pending.split(b"\r\n", 1)
         return line
 
     def read_environ(self) -> dict | None:
-        """The next request's environ, or None when the client closed between requests."""
+        """The next request's environ, or None when the client closed between requests.
+
+        A request's head must arrive within HEADER_SECONDS of its first byte: a client that
+        trickles its headers (slowloris) is cut off instead of holding its thread for ever."""
         data = self.pending
+        started = time.monotonic() if data else 0.0
         while True:
             if data:
                 try:
@@ -210,6 +264,11 @@ class _Connection:
                 if data:
                     raise _ClientGone()
                 return None
+            now = time.monotonic()
+            if not data:
+                started = now
+            elif now - started > HEADER_SECONDS:
+                raise _Timeout("request headers not received in time")
             data = data + chunk if data else chunk
         consumed = env.pop("_consumed")
         self.pending = data[consumed:]
@@ -231,12 +290,14 @@ class HTTPServer:
     ACCEPT_POLL_SECONDS = 0.5
 
     def __init__(self, app: WSGIApp, listeners: list[socket.socket], *, max_connections: int = 1024,
-                 keepalive_timeout: float = 120.0) -> None:
+                 keepalive_timeout: float = 120.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.app = app
+        self.ssl_context = ssl_context  # HTTPS: each connection's thread does its handshake
         self.listeners = listeners
         self.address = listeners[0].getsockname()[:2]
         self.keepalive_timeout = keepalive_timeout
         self._owns_listeners = False
+        self.max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, bool] = {}  # socket -> busy with a request
@@ -282,25 +343,43 @@ class HTTPServer:
     def _accept_loop(self, listener: socket.socket) -> None:
         listener.settimeout(self.ACCEPT_POLL_SECONDS)
         while not self._stopping.is_set():
-            if not self._slots.acquire(timeout=self.ACCEPT_POLL_SECONDS):
-                continue
             try:
                 sock, client = listener.accept()
             except (socket.timeout, BlockingIOError, InterruptedError):
-                self._slots.release()
                 continue
-            except OSError:
-                self._slots.release()
+            except OSError as exc:
                 if self._stopping.is_set():
                     break
-                log.exception("accept failed")
+                _quiet_log.error("accept failed: %s", exc)  # e.g. out of file descriptors
+                self._stopping.wait(0.05)
                 continue
             if self._stopping.is_set():
                 sock.close()
-                self._slots.release()
                 break
+            if not self._take_slot():
+                _quiet_log.warning("all %d connections are busy with requests; refused %s",
+                                   self.max_connections, client[0])
+                _refuse(sock)
+                continue
             threading.Thread(target=self._serve, args=(sock, client), daemon=True,
                              name=f"http-{client[1] if len(client) > 1 else ''}").start()
+
+    def _take_slot(self) -> bool:
+        """A connection slot for a new client. When every slot is held, the connection idle the
+        longest (between requests, or still sending its headers) is closed to make room: idle
+        clients, however many, cannot lock out one that has a request to make."""
+        if self._slots.acquire(blocking=False):
+            return True
+        for _ in range(3):
+            with self._lock:
+                idle = next((s for s, busy in self._connections.items() if not busy), None)
+                if idle is None:
+                    return False
+                self._connections[idle] = True  # not chosen twice; its thread removes it
+            _shutdown_socket(idle)
+            if self._slots.acquire(timeout=1.0):
+                return True
+        return False
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop accepting, let requests in progress finish (up to `timeout`), close idle connections."""
@@ -331,13 +410,22 @@ class HTTPServer:
             self._connections[sock] = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.ssl_context is not None:
+                tls_sock = self._handshake(sock, client)
+                if tls_sock is None:
+                    return
+                with self._lock:
+                    self._connections.pop(sock, None)
+                    self._connections[tls_sock] = False
+                sock = tls_sock
             _set_kernel_timeouts(sock, self.keepalive_timeout)
             conn = _Connection(sock, self.address, client[:2])
             while not self._stopping.is_set():
                 try:
                     env = conn.read_environ()
                 except _BadRequest as exc:
-                    _reply_error(conn, "400 Bad Request", str(exc))
+                    _quiet_log.warning("bad request from %s: %s", client[0], exc)
+                    _reply_error(conn, exc.status, str(exc))
                     return
                 except _ClientGone:
                     return
@@ -348,16 +436,19 @@ class HTTPServer:
                 try:
                     keep_alive = self._handle(conn, env)
                 except _BadRequest as exc:
-                    _reply_error(conn, "400 Bad Request", str(exc))
+                    _quiet_log.warning("bad request from %s: %s", client[0], exc)
+                    _reply_error(conn, exc.status, str(exc))
                     return
                 except _ClientGone:
+                    _quiet_log.warning("connection from %s ended in the middle of a request",
+                                       client[0])
                     return
                 finally:
                     with self._lock:
                         self._connections[sock] = False
                 if not keep_alive:
                     return
-        except Exception:  # noqa: BLE001 - a connection's failure must not reach the accept loop
+        except BaseException:  # noqa: BLE001 - a connection's failure must not reach the accept loop
             log.exception("connection from %s failed", client)
         finally:
             with self._lock:
@@ -366,6 +457,16 @@ class HTTPServer:
                 sock.close()
             finally:
                 self._slots.release()
+
+    def _handshake(self, sock: socket.socket, client: tuple) -> ssl.SSLSocket | None:
+        """The TLS handshake, bounded in time; None (connection closed) when it fails."""
+        assert self.ssl_context is not None
+        try:
+            _set_kernel_timeouts(sock, HANDSHAKE_SECONDS)
+            return self.ssl_context.wrap_socket(sock, server_side=True)
+        except (OSError, ValueError) as exc:
+            _quiet_log.warning("TLS handshake with %s failed: %s", client[0], exc)
+            return None
 
     def _handle(self, conn: _Connection, env: dict) -> bool:
         """Run one request; True when the connection stays open."""
@@ -376,9 +477,15 @@ class HTTPServer:
         http11 = env["SERVER_PROTOCOL"] == "HTTP/1.1"
         connection = env.get("HTTP_CONNECTION", "").lower()
         keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
-        chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
+        coding = env.get("HTTP_TRANSFER_ENCODING")
+        chunked = coding is not None
         if chunked:
-            env.pop("CONTENT_LENGTH", None)
+            # Only plain `chunked` (RFC 9112 6.1): other codings are not implemented, and a
+            # body framed two ways (with Content-Length too) is how requests are smuggled.
+            if [c.strip().lower() for c in coding.split(",")] != ["chunked"]:
+                raise _NotImplemented(f"unsupported Transfer-Encoding '{coding}'")
+            if env.get("CONTENT_LENGTH"):
+                raise _BadRequest("a request may not have both Content-Length and Transfer-Encoding")
             length = 0
         else:
             try:
@@ -480,6 +587,18 @@ def _reply_error(conn: _Connection, status: str, message: str) -> None:
         conn.send(head + body)
     except _ClientGone:
         pass
+
+
+def _refuse(sock: socket.socket) -> None:
+    try:
+        sock.settimeout(1.0)
+        body = b'{"error":"Server is busy: too many connections"}'
+        sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 def _peer_closed(sock: socket.socket) -> bool:

@@ -15,6 +15,7 @@ import threading
 
 from gunicorn.workers.base import Worker
 
+from host import tls
 from host.http.server import HTTPServer
 
 HEARTBEAT_SECONDS = 1.0
@@ -23,11 +24,14 @@ HEARTBEAT_SECONDS = 1.0
 class ConnectionWorker(Worker):
     def run(self) -> None:
         listeners = [getattr(s, "sock", s) for s in self.sockets]
+        options = getattr(self.app, "options", None)  # host.serve.ServerApplication's
         server = HTTPServer(self.wsgi, listeners, max_connections=self.cfg.worker_connections,
-                            keepalive_timeout=self.cfg.keepalive)
+                            keepalive_timeout=self.cfg.keepalive,
+                            ssl_context=tls.http_context(options) if options is not None else None)
         accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
         accept.start()
         parent = self.ppid
+        front_end_failure = getattr(self.app, "front_end_failure", lambda: None)
         while self.alive:
             self.notify()
             if os.getppid() != parent:
@@ -35,5 +39,12 @@ class ConnectionWorker(Worker):
                 break
             accept.join(HEARTBEAT_SECONDS)
             if not accept.is_alive():
+                self.log.critical("the HTTP accept loop ended; restarting the worker")
+                break
+            # Never half alive: a front end that died takes the worker down, and the master
+            # starts a new one (host.supervise restores its models and registrations).
+            failure = front_end_failure()
+            if failure:
+                self.log.critical("%s; restarting the worker", failure)
                 break
         server.shutdown(self.cfg.graceful_timeout)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from host.errors import CancelledError, InvalidArgumentError, UnavailableError
+from host.errors import CancelledError, InternalError, InvalidArgumentError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 from host.scheduler import InstanceSlot, execute_batch
 from host.sequence.controls import Controls, in_sequence
@@ -103,7 +103,14 @@ class _Worker:
                 return
             requests, padding = batch
             if requests:
-                execute_batch(batcher.model, self.instance, requests, padding)
+                try:
+                    execute_batch(batcher.model, self.instance, requests, padding)
+                except BaseException as exc:  # noqa: BLE001 - the batch fails, the worker goes on
+                    log.error("model '%s': sequence batch failed", batcher.name, exc_info=exc)
+                    error = InternalError(f"{type(exc).__name__}: {exc}")
+                    for request in requests:
+                        if not request.completed:
+                            request.respond(InferenceResponse(error=error), True)
 
 
 class SequenceBatcher:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from host.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnsupportedError
 from host.shm import cuda
@@ -32,6 +32,9 @@ class SharedMemoryManager:
         self.enabled = enabled
         self._regions: dict[str, Any] = {}
         self._lock = threading.Lock()
+        # Called as on_change(action, names, record) after a register or unregister, so that
+        # registrations survive a worker restart (host.supervise).
+        self.on_change: Callable[[str, list[str], dict | None], None] | None = None
 
     # --- what the server advertises --------------------------------------------------------
     def extensions(self) -> list[str]:
@@ -55,6 +58,9 @@ class SharedMemoryManager:
             self._check_free(name)
             # Mapping under the lock keeps two registers of one name from both succeeding.
             self._regions[name] = SystemRegion(name, key, offset, byte_size)
+        if self.on_change is not None:
+            self.on_change("register", [name], {"kind": "system", "key": key, "offset": offset,
+                                                "byte_size": byte_size})
 
     def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
         self._check_enabled()
@@ -74,6 +80,10 @@ class SharedMemoryManager:
         with self._lock:
             self._check_free(name)
             self._regions[name] = cuda.CudaRegion(name, raw_handle, device_id, byte_size)
+        if self.on_change is not None:
+            self.on_change("register", [name], {
+                "kind": "cuda", "raw_handle": base64.b64encode(raw_handle).decode(),
+                "device_id": device_id, "byte_size": byte_size})
 
     def unregister(self, name: str = "", kind: str | None = None) -> None:
         """Unregister one region, or every region of `kind` when `name` is empty.
@@ -99,6 +109,9 @@ class SharedMemoryManager:
                 # Dropping the registry's reference is the whole unregister: the mapping goes
                 # with the last view of it.
                 del self._regions[each.name]
+        if gone and self.on_change is not None:
+            self.on_change("unregister", [r.name for r in gone], None)
+
     def status(self, kind: str, name: str = "") -> list[dict]:
         with self._lock:
             if name:

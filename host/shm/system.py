@@ -12,10 +12,16 @@ import mmap
 import os
 import re
 import stat
+import weakref
 
 import numpy as np
 
 from host.errors import InternalError, InvalidArgumentError
+
+try:  # the SIGBUS guard (host/shm/_guard.c); without a compiled one, the size checks alone
+    from host.shm import _guard
+except ImportError:  # pragma: no cover - an installation built without a C compiler
+    _guard = None
 
 SHM_DIR = "/dev/shm"
 # shm_open(3): an optional leading '/', then a name with no further '/', at most NAME_MAX bytes.
@@ -36,14 +42,44 @@ class SystemRegion:
         # One byte view of the window: tensor views are slices of it (no copies, no new mappings).
         # The mapping lives exactly as long as something refers to it: the registry until
         # unregister, and every in-flight request through its views, so there is no close().
-        self.buffer = np.frombuffer(_map_window(name, key, offset, byte_size), dtype=np.uint8,
-                                    count=byte_size, offset=offset)
+        mapping, self._fd = _map_window(name, key, offset, byte_size)
+        self.buffer = np.frombuffer(mapping, dtype=np.uint8, count=byte_size, offset=offset)
+        # A shrink that races the size check faults on a zero page instead of killing the
+        # process, and marks the region (see _guard.c).
+        self._guard = _guard.guard(self.buffer.ctypes.data - offset, offset + byte_size) \
+            if _guard is not None else -1
+        # The object stays open, and the guard in place, while the mapping lives: as long as the
+        # registry or any in-flight request's view refers to it.
+        weakref.finalize(mapping, _release, self._fd, self._guard)
+
+    def check_size(self) -> None:
+        """Refuse an access when the client shrank the object under the mapping (ftruncate):
+        touching a page past the object's end would kill the process with SIGBUS."""
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            size = -1
+        if size < self.offset + self.byte_size or self.faulted():
+            raise InvalidArgumentError(
+                f"shared memory region '{self.name}' is no longer usable: its object '{self.key}' "
+                f"shrank to {max(size, 0)} bytes after it was registered with offset {self.offset} "
+                f"and byte_size {self.byte_size}; unregister it and register it again")
+
+    def faulted(self) -> bool:
+        """Whether an access to the region hit a part the client had truncated away."""
+        return self._guard >= 0 and _guard is not None and _guard.faulted(self._guard)
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
-def _map_window(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
+def _release(fd: int, slot: int) -> None:
+    os.close(fd)
+    if slot >= 0 and _guard is not None:
+        _guard.unguard(slot)
+
+
+def _map_window(name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
     entry = key[1:] if key.startswith("/") else key
     if not _KEY.fullmatch(key) or entry in (".", ".."):
         raise _open_error(key)
@@ -68,8 +104,10 @@ def _map_window(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
             raise InvalidArgumentError(f"failed to register shared memory region '{name}': "
                                        "unable to process address spaceInvalid argument")
         # Map from the object's start: mmap offsets must be page aligned, region offsets need not be.
-        return mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except OSError:
-        raise _open_error(key) from None
-    finally:
+        mapping = mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException as exc:
         os.close(fd)
+        if isinstance(exc, OSError):
+            raise _open_error(key) from None
+        raise
+    return mapping, fd

@@ -112,12 +112,15 @@ def _write(tensor: Tensor, region: Any, offset: int, size: int) -> None:
         raise InvalidArgumentError(
             f"shared memory size specified with the request for output '{tensor.name}' "
             f"({size} bytes) should be at least {need} bytes to hold the results")
+    if region.kind == "system":
+        region.check_size()  # again: the model ran meanwhile, the client may have shrunk it
     dst = region.buffer[offset:offset + need]
     if region.kind == "system":
         if on_device:
             src.get(out=dst)  # device to host, straight into the region
         else:
             np.copyto(dst, src)
+        region.check_size()  # a shrink during the copy: the output did not reach the client
     elif on_device:
         dst[...] = src  # device to device
     else:
@@ -141,6 +144,8 @@ def _target(params: dict, name: str, manager: Any, used: list) -> tuple[Any, int
     offset = _uint64(OFFSET, params.get(OFFSET, 0))
     region = manager.acquire(region_name)
     used.append(region)
+    if region.kind == "system":
+        region.check_size()
     # Triton's checks and order (SharedMemoryManager::GetMemoryInfo): an offset must fall inside
     # the region, and offset + size must not pass 2^64 - 1 (Triton's size_t) nor the region's end.
     if offset >= region.byte_size:

@@ -70,6 +70,7 @@ from host.errors import Code as _Code
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
 from host.inference import Tensor as HostTensor
+from host.paths import resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ _import_lock = threading.Lock()  # sys.path / sys.modules juggling is process-gl
 
 def model_file(spec: ModelSpec) -> Path:
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
-    path = spec.version_path / filename
+    path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
         raise NotFoundError(f"Python model file not found in '{path}'")
     if path.suffix != ".py":
@@ -307,6 +308,10 @@ def _emitter(instance: PythonInstance, request: HostRequest):
 
 
 class PythonInstance(Instance):
+    # In the server's process sys.exit() from a model fails only its requests; a stub process
+    # (host.backends.python.stub) sets this so that it ends the stub instead, as Triton's does.
+    exit_ends_process = False
+
     def __init__(self, model: PythonModel, spec: InstanceSpec) -> None:
         self.model = model
         self.spec = spec
@@ -385,11 +390,13 @@ class PythonInstance(Instance):
                     return None
                 result = self._run_coroutine(result)
             return self._collect(result, states)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - even sys.exit() fails only these requests
+            if self.exit_ends_process and isinstance(exc, SystemExit):
+                raise  # in a stub process (process mode) it ends the stub, as in Triton
             self._fail_all(states, exc)
             return None
 
-    def _fail_all(self, states: list[_RequestState], exc: Exception) -> None:
+    def _fail_all(self, states: list[_RequestState], exc: BaseException) -> None:
         """The model raised: every request still waiting gets Triton's error text."""
         message = (f"Failed to process the request(s) for model '{self.name}', message: "
                    f"{_exception_text(exc)}")

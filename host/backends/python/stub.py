@@ -98,6 +98,7 @@ class Stub:
         self.model = PythonModel(spec)
         self.model.initialize()
         self.instance = PythonInstance(self.model, InstanceSpec(**init["instance"]))
+        self.instance.exit_ends_process = True  # sys.exit() in execute ends this stub
         self.live: dict[int, InferenceRequest] = {}  # request key -> request, until its final
         self.live_lock = threading.Lock()
         self.read_lock = threading.Lock()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from host.errors import InvalidArgumentError, NotFoundError
+from host.paths import resolve_inside
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -34,7 +35,8 @@ CPU = "CPUExecutionProvider"
 
 def model_path(spec: ModelSpec) -> Path:
     """The model file; a directory `model.onnx/` (a model with external data) holds `model.onnx`."""
-    path = spec.version_path / (spec.default_model_filename or DEFAULT_MODEL_FILENAME)
+    path = resolve_inside(spec.path, spec.default_model_filename or DEFAULT_MODEL_FILENAME,
+                          "default_model_filename", under=str(spec.version))
     if path.is_dir():
         path = path / DEFAULT_MODEL_FILENAME
     if not path.is_file():

@@ -28,6 +28,7 @@ import torch
 from host import batch
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
 from host.errors import HostError, InternalError, InvalidArgumentError, NotFoundError
+from host.paths import resolve_inside
 from host.proto import model_config_pb2 as mc
 from modelhost_pytorch import tensors
 
@@ -102,7 +103,8 @@ class PyTorchBackend(Backend):
 class PyTorchModel(Model):
     def initialize(self) -> None:
         spec, cfg = self.spec, self.spec.config
-        self.path = spec.version_path / (spec.default_model_filename or DEFAULT_MODEL_FILENAME)
+        self.path = resolve_inside(spec.path, spec.default_model_filename or DEFAULT_MODEL_FILENAME,
+                                   "default_model_filename", under=str(spec.version))
         if not self.path.is_file():
             raise NotFoundError(f"unable to find TorchScript model '{self.path}' for model "
                                 f"'{spec.name}'")
