@@ -48,9 +48,11 @@ class OutputFormat:
 # --- JSON helpers ----------------------------------------------------------------------------
 
 # orjson parses nested arrays and objects recursively and (3.8) overflows the C stack on a body
-# nested some 100,000 deep, killing the worker. Bodies that may nest deeper than this go to
-# Python's json instead, whose recursion limit turns them into a RecursionError (a 400).
-_ORJSON_MAX_NESTING = 512
+# nested some 100,000 deep, killing the worker (60,000 still parse on an 8 MiB thread stack).
+# Bodies that may nest deeper than this go to Python's json instead, whose recursion limit turns
+# them into a RecursionError (a 400); shallower ones parse, so `data` nested past Triton's limit
+# gets Triton's own message (MAX_JSON_NESTING_DEPTH).
+_ORJSON_MAX_NESTING = 10_000
 _SCAN_CHUNK = 1 << 20
 
 
@@ -229,8 +231,8 @@ def _big_integers(name: str, datatype: str, dtype: np.dtype, data: list, what: s
 _INT64_MAX = 2**63 - 1
 
 
-def _check_json_size(name: str, datatype: str, shape: list[int]) -> int:
-    """The element count of `shape`, refused where Triton's HTTP front end finds it overflows."""
+def _check_json_size(name: str, datatype: str, shape: list[int]) -> None:
+    """Refuse JSON data whose element count or byte size overflows int64, in Triton's words."""
     count = datatypes.element_count(shape)
     shape_text = "[" + ",".join(str(d) for d in shape) + "]"
     if count > _INT64_MAX:
@@ -242,14 +244,13 @@ def _check_json_size(name: str, datatype: str, shape: list[int]) -> int:
         raise InvalidArgumentError(
             f"byte size overflow for input '{name}': element count ({count}) * data type size "
             f"({size}) exceeds maximum allowed size ({_INT64_MAX})")
-    return count
 
 
 def json_to_array(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
-    count = _check_json_size(name, datatype, shape)
     if not isinstance(data, list):
         raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected an array")
     flat = json_values(name, datatype, data)
+    count = datatypes.element_count(shape)
     if flat.size != count:
         raise InvalidArgumentError(
             f"Unable to parse 'data' of input '{name}': shape {shape} needs {count} elements, "
@@ -367,6 +368,8 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     if shape is None:
         raise InvalidArgumentError(
             f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
+    if "data" in item:  # Triton's texts for JSON data whose size overflows int64
+        _check_json_size(name, datatype, shape)
     datatypes.check_shape(name, shape)
     params = item.get("parameters")
     if params is None:
