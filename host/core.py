@@ -265,7 +265,8 @@ class Host:
                 folder = overrides.write(name, files, self.options.http_max_input_size)
             self.manager.load(name, config, override_dir=folder)  # removes an unused folder
         except HostError as exc:
-            if (config is None and not files) or exc.message.startswith("failed to load"):
+            if (config is None and not files) or exc.message.startswith(
+                    ("failed to load", "load failed for model")):  # Triton's texts already
                 raise
             # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
             raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None

@@ -61,6 +61,10 @@ class ServerApplication(BaseApplication):
             "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
             "graceful_timeout": int(o.exit_timeout_secs),
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
+            # the HTTP parser's limits (host.http.worker honours these gunicorn settings)
+            "limit_request_line": 8190,
+            "limit_request_fields": 100,
+            "limit_request_field_size": 8190,
             "accesslog": None,
             "loglevel": "debug" if o.log_verbose else "info",
             "post_worker_init": self._post_worker_init,
@@ -151,5 +155,8 @@ def _bracket(address: str) -> str:
 
 
 def serve(options: ServerOptions) -> int:
+    from host.grpc import core_settings
+
+    core_settings.apply()  # the worker inherits it; grpc's core reads it when it first starts
     ServerApplication(options).run()
     return 0

@@ -222,11 +222,16 @@ def shape_error(name: str, shape: object, model: str, protocol: str) -> InvalidA
 _SHAPE_LIMIT_NAMES_MODEL = {"http": False, "grpc": True}
 
 
-def check_shape(name: str, shape: list[int], model: str, protocol: str) -> None:
-    """No negative dimension, and a shape some tensor can have (host.datatypes.check_shape)."""
+def check_shape(name: str, shape: list[int], model: str, protocol: str,
+                json_datatype: str | None = None) -> None:
+    """No negative dimension, and a shape some tensor can have (host.datatypes.check_shape).
+    `json_datatype`: the input's datatype when its data comes as JSON (HTTP), whose size
+    overflowing int64 Triton words in its own way, checked first."""
     for d in shape:
         if d < 0:
             raise shape_error(name, shape, model, protocol)
+    if json_datatype is not None:
+        _check_json_size(name, json_datatype, shape)
     datatypes.check_shape(name, shape, model if _SHAPE_LIMIT_NAMES_MODEL[protocol] else "")
 
 
@@ -319,3 +324,21 @@ def load_parameters(params: dict[str, Any], protocol: str,
         else:
             config = value
     return config, files or None
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_json_size(name: str, datatype: str, shape: list[int]) -> None:
+    """Refuse JSON data whose element count or byte size overflows int64, in Triton's words."""
+    count = datatypes.element_count(shape)
+    shape_text = "[" + ",".join(str(d) for d in shape) + "]"
+    if count > _INT64_MAX:
+        raise InvalidArgumentError(
+            f"invalid shape for input '{name}': shape {shape_text} causes total element count to "
+            f"exceed maximum size of {_INT64_MAX}")
+    size = datatypes.element_size(datatype)  # 0 for BYTES
+    if size > 1 and count > _INT64_MAX // size:
+        raise InvalidArgumentError(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size "
+            f"({size}) exceeds maximum allowed size ({_INT64_MAX})")

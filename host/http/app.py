@@ -58,8 +58,9 @@ class _Resource:
     def env_body(self, env: dict[str, Any]) -> bytes:
         """The request body from the WSGI environ, size-limited and decompressed."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
+        kind = "body" if "HTTP_INFERENCE_HEADER_CONTENT_LENGTH" in env else "JSON"
         return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
-                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"))
+                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind)
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""

@@ -47,11 +47,42 @@ class OutputFormat:
 
 # --- JSON helpers ----------------------------------------------------------------------------
 
+# orjson parses nested arrays and objects recursively and (3.8) overflows the C stack on a body
+# nested some 100,000 deep, killing the worker (60,000 still parse on an 8 MiB thread stack).
+# Bodies that may nest deeper than this go to Python's json instead, whose recursion limit turns
+# them into a RecursionError (a 400); shallower ones parse, so `data` nested past Triton's limit
+# gets Triton's own message (MAX_JSON_NESTING_DEPTH).
+_ORJSON_MAX_NESTING = 10_000
+_SCAN_CHUNK = 1 << 20
+
+
+def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
+    """Whether the brackets in `buf` nest deeper than `limit` (brackets inside strings count
+    too: a false alarm only costs the slower parser)."""
+    raw = bytes(buf) if isinstance(buf, memoryview) else buf
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    arr = np.frombuffer(raw, np.uint8)
+    depth = 0
+    for start in range(0, arr.size, _SCAN_CHUNK):
+        part = arr[start:start + _SCAN_CHUNK]
+        steps = ((part == 0x5B) | (part == 0x7B)).astype(np.int32)
+        steps -= (part == 0x5D) | (part == 0x7D)
+        running = np.cumsum(steps) + depth
+        if running.max() > limit:
+            return True
+        depth = int(running[-1])
+    return False
+
+
 def load_json(buf: bytes | memoryview) -> Any:
-    try:
-        return orjson.loads(buf)
-    except orjson.JSONDecodeError as exc:
-        error = exc
+    if _may_nest_deeper(buf, _ORJSON_MAX_NESTING):
+        error: Exception = ValueError(f"nesting deeper than {_ORJSON_MAX_NESTING} levels")
+    else:
+        try:
+            return orjson.loads(buf)
+        except orjson.JSONDecodeError as exc:
+            error = exc
     # What orjson refuses but Triton's parser (rapidjson, kParseNanAndInfFlag, no encoding
     # validation) takes: NaN / Infinity / -Infinity, and strings holding bytes that are not
     # UTF-8 (kept byte for byte through `surrogateescape`; see `_utf8`).
@@ -125,7 +156,9 @@ def _flatten(data: Iterable[Any]) -> Iterator[Any]:
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
-                if len(stack) >= MAX_JSON_NESTING_DEPTH:
+                # Triton refuses an element at depth 100 (the data array is depth 0); this
+                # list's items would be at depth len(stack) + 1.
+                if len(stack) + 1 >= MAX_JSON_NESTING_DEPTH:
                     raise InvalidArgumentError(
                         f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING_DEPTH})")
                 stack.append(iter(item))
@@ -299,7 +332,9 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     shape = item.get("shape")
     if type(shape) is not list or not all(type(d) is int for d in shape):
         raise validation.shape_error(name, shape, model_name, "http")
-    validation.check_shape(name, shape, model_name, "http")
+    # JSON data: Triton's texts for a size that overflows int64 come before the shared limits.
+    validation.check_shape(name, shape, model_name, "http",
+                           json_datatype=datatype if "data" in item else None)
     params = item.get("parameters")
     if params is None:
         params = {}
