@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import shutil
 import statistics
@@ -71,6 +72,39 @@ def wait_ready(server: pvt.Server, model: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{server.name}: model {model} not ready:\n{server.log_tail()}")
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """utime + stime of every live process in the server's process group (python-backend stubs
+    and gunicorn workers included: the servers start in their own session)."""
+    total = 0
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after the name: state ppid pgrp ... utime(14th field overall) stime(15th)
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def served(server: pvt.Server, model: str) -> int:
+    """Requests the model has answered so far (success + failure), from the statistics extension."""
+    code, body = pvt.http_get(f"http://127.0.0.1:{server.http_port}/v2/models/{model}/stats")
+    if code != 200:
+        return -1
+    n = 0
+    for m in json.loads(body).get("model_stats", []):
+        stats = m.get("inference_stats", {})
+        n += int(stats.get("success", {}).get("count", 0)) + int(stats.get("fail", {}).get("count", 0))
+    return n
+
+
 def measure(server: pvt.Server, models: list[str], protocols: list[str], concurrency: list[int],
             resdir: str, pass_no: int) -> list[dict]:
     rows = []
@@ -78,10 +112,14 @@ def measure(server: pvt.Server, models: list[str], protocols: list[str], concurr
         pvt.MODEL = model  # what run_pa drives
         for protocol in protocols:
             for conc in concurrency:
+                cpu0, n0 = group_cpu_seconds(server.proc.pid), served(server, model)
                 row = pvt.run_pa(server, protocol, conc, resdir, f"p{pass_no}.{server.name}.{model}.{protocol}")
+                cpu1, n1 = group_cpu_seconds(server.proc.pid), served(server, model)
                 row.update(model=model, **{"pass": pass_no})
-                pvt.log(f"{server.name:9s} {model:15s} {protocol:4s} c={conc}: " + (
-                    f"{row['infer_s']:.1f} infer/s, p50 {row['p50_ms']:.2f} ms" if row["ok"] else row["error"]))
+                row["cpu_us"] = (cpu1 - cpu0) / (n1 - n0) * 1e6 if n0 >= 0 and n1 > n0 else None
+                pvt.log(f"{server.name:9s} {model:15s} {protocol:11s} c={conc}: " + (
+                    f"{row['infer_s']:.1f} infer/s, p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, "
+                    f"server CPU {row['cpu_us'] or 0:.0f} us/request" if row["ok"] else row["error"]))
                 rows.append(row)
     return rows
 
@@ -100,7 +138,10 @@ def summarize(rows: list[dict]) -> list[dict]:
         if good:
             s.update(infer_s=statistics.median(r["infer_s"] for r in good),
                      lo=min(r["infer_s"] for r in good), hi=max(r["infer_s"] for r in good),
-                     p50_ms=statistics.median(r["p50_ms"] for r in good))
+                     p50_ms=statistics.median(r["p50_ms"] for r in good),
+                     p99_ms=statistics.median(r["p99_ms"] for r in good))
+            cpu = [r["cpu_us"] for r in good if r.get("cpu_us")]
+            s["cpu_us"] = statistics.median(cpu) if cpu else None
         out.append(s)
     return out
 
@@ -111,25 +152,27 @@ def find(summary, server, model, protocol, conc):
 
 
 def table(summary: list[dict]) -> list[str]:
-    lines = ["| server | model | protocol | concurrency | infer/s (median) | range | p50 ms | passes ok |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| server | model | protocol | concurrency | infer/s (median) | range | p50 ms | p99 ms "
+             "| server CPU us/request | passes ok |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
-        vals = (f"{s['infer_s']:.1f} | {s['lo']:.0f}-{s['hi']:.0f} | {s['p50_ms']:.2f}" if "infer_s" in s
-                else "failed | - | -")
+        vals = (f"{s['infer_s']:.1f} | {s['lo']:.0f}-{s['hi']:.0f} | {s['p50_ms']:.2f} | {s['p99_ms']:.2f} | "
+                + (f"{s['cpu_us']:.0f}" if s.get("cpu_us") else "-")
+                if "infer_s" in s else "failed | - | - | - | -")
         lines.append(f"| {s['server']} | {s['model']} | {s['protocol']} | {s['concurrency']} | {vals} | "
                      f"{s['ok']}/{s['passes']} |")
     lines.append("")
     for s in summary:
-        if s["server"] != "modelhost" or s["model"] != NATIVE or "infer_s" not in s:
+        if s["server"] != "modelhost" or "infer_s" not in s:
             continue
-        py = find(summary, "modelhost", PYTHON, s["protocol"], s["concurrency"])
-        tr = find(summary, "triton", NATIVE, s["protocol"], s["concurrency"])
-        if py:
-            lines.append(f"- modelhost, {s['protocol']} c={s['concurrency']}: native / python identity = "
-                         f"x{s['infer_s'] / py['infer_s']:.2f} (target: at least x1.00)")
-        if tr:
-            lines.append(f"- {s['protocol']} c={s['concurrency']}: modelhost / Triton, same native library = "
-                         f"x{s['infer_s'] / tr['infer_s']:.2f} (target: at least x0.80)")
+        tr = find(summary, "triton", s["model"], s["protocol"], s["concurrency"])
+        if not tr:
+            continue
+        target = 1.0 if s["model"] == NATIVE else 0.6
+        cpu = (f"server CPU per request x{s['cpu_us'] / tr['cpu_us']:.2f} of Triton's (target: at most "
+               f"x{target:.1f})" if s.get("cpu_us") and tr.get("cpu_us") else "server CPU: not measured")
+        lines.append(f"- {s['model']}, {s['protocol']} c={s['concurrency']}: {cpu}; infer/s "
+                     f"x{s['infer_s'] / tr['infer_s']:.2f}; p99 {s['p99_ms']:.2f} ms vs Triton's {tr['p99_ms']:.2f} ms")
     return lines
 
 
@@ -171,10 +214,19 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     machine = pvt.machine_info()
     if not args.no_write:
+        perf_doc = os.path.basename(args.out) == "performance.md"
         md = ["# Native Triton backends in modelhost", "",
               "Written by `benchmarks/native_bench.py`; regenerate rather than edit. How native backends "
               "and caches work is in the sections after the figures.", "",
-              "## Benchmark: native vs python identity, modelhost vs Triton", "",
+              "## Benchmark: native vs python identity, modelhost vs Triton", ""] if not perf_doc else [
+              "# Performance: modelhost vs Triton, per request", "",
+              "The table is written by `benchmarks/native_bench.py --out docs/performance.md`; regenerate "
+              "rather than edit. The sections after it (from \"## How it works\") are kept.", "",
+              "## Benchmark: CPU per request, throughput and latency", "",
+              "Server CPU per request is the utime + stime of the server's whole process group during a "
+              "perf_analyzer run, divided by the requests the model served in it (the statistics "
+              "extension's success + fail counts).", ""]
+        md += [
               "The same identity model (`OUTPUT0 = INPUT0`, FP32, request shape [1024], one CPU instance) "
               "as a native backend (`identity_native`: tests/native/identity.c built with -DIDENTITY_LEAN, "
               "one library file loaded by both servers from the model folder) and as a python-backend "

@@ -205,8 +205,10 @@ class Server:
 
 
 def triton_server(repo: str, logdir: str) -> Server:
-    """Same invocation as the anchor's start_server.sh, on free ports and with our repository."""
-    http, grpc, metrics = free_ports(3)
+    """Same invocation as the anchor's start_server.sh, on free ports (or TRITON_PORTS=http,grpc,metrics)
+    and with our repository."""
+    fixed = os.environ.get("TRITON_PORTS")
+    http, grpc, metrics = [int(p) for p in fixed.split(",")] if fixed else free_ports(3)
     sp = site_packages()
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.join(sp, "nvidia_pytriton.libs") + (

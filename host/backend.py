@@ -37,7 +37,7 @@ class ModelSpec:
     version: int
     repository: Path  # the repository root holding the model
     path: Path  # <repository>/<name>
-    config: "model_config_pb2.ModelConfig"
+    config: model_config_pb2.ModelConfig
     backend: str = ""
     # Set by the host: a backend model whose own machinery died (a worker thread) calls it with
     # the reason; the version becomes UNAVAILABLE so requests fail fast and health says so.
@@ -118,6 +118,11 @@ class Backend:
 
     #: Backend attributes (as TRITONBACKEND_BackendAttribute): instance kinds it can run.
     supported_instance_kinds: tuple[str, ...] = ("CPU", "GPU", "MODEL")
+    #: True: the dynamic batcher gives one execute only requests whose inputs have the same shape
+    #: past the batch dimension (inputs with `allow_ragged_batch` excepted), as Triton's core does;
+    #: a backend that concatenates the requests needs it. False: any requests (the python backend
+    #: takes them one by one).
+    equal_shape_batches: bool = False
 
     def __init__(self, name: str) -> None:
         self.name = name

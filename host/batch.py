@@ -16,7 +16,7 @@ import numpy as np
 from host.errors import HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 
-__all__ = ["groups", "gather", "scatter", "run_batched"]
+__all__ = ["groups", "gather", "scatter", "run_batched", "shape_key"]
 
 
 def _signature(request: InferenceRequest) -> tuple:
@@ -27,6 +27,21 @@ def _signature(request: InferenceRequest) -> tuple:
     if not all(isinstance(t.data, np.ndarray) for t in request.inputs.values()):
         return (id(request),)
     return tuple(sorted((n, t.datatype, tuple(t.shape[1:])) for n, t in request.inputs.items()))
+
+
+def shape_key(config: Any) -> Callable[[InferenceRequest], tuple] | None:
+    """What must agree for requests to share one execute of a backend that concatenates them:
+    the shape past the batch dimension of each input without `allow_ragged_batch` (Triton's
+    dynamic batcher rule). None when every input is ragged: any requests may share."""
+    fixed = tuple(i.name for i in config.input if not i.allow_ragged_batch)
+    if not fixed:
+        return None
+
+    def key(request: InferenceRequest) -> tuple:
+        inputs = request.inputs
+        return tuple(tuple(inputs[n].shape[1:]) if n in inputs else None for n in fixed)
+
+    return key
 
 
 def groups(requests: Sequence[InferenceRequest], batching: bool) -> list[list[InferenceRequest]]:

@@ -9,7 +9,8 @@
 A "refused" or "no effect" entry covers the fields under it (unless a deeper entry says
 otherwise); an "implemented" one does not, so every part of an implemented field is named.
 tests/test_config_support.py walks the protobuf descriptor, so a field added to
-model_config.proto fails the test until it is classified here; docs/config_support.md is generated from this table (`python -m host.config_support`).
+model_config.proto fails the test until it is classified here; docs/config_support.md is
+generated from this table (`python -m host.config_support`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ SUPPORT: dict[str, Support] = {
     "input.format": _none("informational (image layout), as in Triton"),
     "input.reshape": _impl("the backend sees the reshaped tensor"),
     "input.is_shape_tensor": _impl("refused at load except for TensorRT models, as Triton does"),
-    "input.allow_ragged_batch": _none("requests are never concatenated across different shapes: "
-                                      "the python backend gets a list of requests, framework "
-                                      "backends group requests by shape"),
+    "input.allow_ragged_batch": _impl("the dynamic batcher puts requests of different shapes in one "
+                                      "execute of a native backend only where every input that "
+                                      "differs allows it; the python backend gets a list of "
+                                      "requests, framework backends group requests by shape"),
     "input.is_non_linear_format_io": _impl("refused at load except for TensorRT models, as Triton "
                                            "does"),
     "output": _impl("name, data_type, dims: responses are checked against them"),

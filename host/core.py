@@ -9,15 +9,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import (__version__, bls, classification, datatypes, headers, logsettings, overrides,
-                  parameters, raw_input, shm)
+from host import __version__, bls, datatypes, headers, logsettings, overrides, shm, validation
 from host import config as config_mod
 from host.backends_pool import BackendPool
-from host.cache.service import CacheService, Probe, load_response_cache
+from host.cache.service import CacheService, load_response_cache
 from host.ensemble import EnsembleRuntime
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError, error_for)
@@ -29,6 +27,7 @@ from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
+from host.stages import Stages
 from host.trace import TraceManager
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class Host:
         self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
                                     native_loader=native_backend.loader(self.options.backend_directory),
                                     config=_backend_settings(self.options))
-        # The response cache (None without --cache-config); see _prepare for where it is used.
+        # The response cache (None without --cache-config); see host.stages for where it is used.
         self.cache: CacheService | None = load_response_cache(
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         opts = self.options
@@ -164,7 +163,7 @@ class Host:
 
         def tensors(items) -> list[dict[str, Any]]:
             return [{"name": t.name,
-                     "datatype": datatypes.from_config(model_config_pb2.DataType.Name(t.data_type)),
+                     "datatype": datatypes.from_config_enum(t.data_type),
                      "shape": batch + list(t.dims)} for t in items]
 
         return {
@@ -222,11 +221,12 @@ class Host:
         cancels the request."""
         mv = self.manager.get(request.model_name, request.model_version)
         responses: queue.SimpleQueue = queue.SimpleQueue()
-        hit = self._admit_and_prepare(mv, request, lambda r, final: responses.put((r, final)))
+        stages = Stages.of(self, mv)
+        hit = stages.start(request, lambda r, final: responses.put((r, final)))
         if hit is not None:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
-            self._stream_pool.submit(self._schedule, mv, request)
+            self._stream_pool.submit(stages.schedule, request)
         return self._drain(request, responses)
 
     @staticmethod
@@ -246,123 +246,7 @@ class Host:
         self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        hit = self._admit_and_prepare(mv, request, callback)
-        if hit is not None:
-            request.respond(hit, True)  # from the response cache: nothing is scheduled
-        else:
-            self._schedule(mv, request)
-
-    def _admit_and_prepare(self, mv: ModelVersion, request: InferenceRequest,
-                           callback: ResponseCallback) -> InferenceResponse | None:
-        try:
-            self._admit(mv, request)
-            return self._prepare(mv, request, callback)
-        except BaseException:
-            if request.shm_regions:  # refused before it ran: its regions are free again
-                shm.release_request(request, self.shm)
-            raise
-
-    def _admit(self, mv: ModelVersion, request: InferenceRequest) -> None:
-        """The checks every request passes before it is scheduled, whatever its front end."""
-        if request.raw_input:
-            raw_input.resolve(request, mv.config)
-        if request.uses_shm:
-            shm.bind_request(request, self.shm, mv.name)
-        parameters.interpret(request)
-        parameters.check_outputs(request)
-        mv.rules.check(request)
-
-    def _prepare(self, mv: ModelVersion, request: InferenceRequest,
-                 callback: ResponseCallback) -> InferenceResponse | None:
-        """Count the request in flight, look it up in the response cache, and wrap its callback
-        (cache insert, names, output filter, stats). Returns the cached response on a hit: the
-        caller sends it through `request.respond` instead of scheduling the request."""
-        mv.begin_request()
-        probe: Probe | None = None  # the response-cache lookup, made below (host.cache.service)
-        wanted = {o.name for o in request.outputs} or None
-        name, version, stats = mv.name, str(mv.version), mv.stats
-        shm_outputs = request.shm_outputs
-        reshape = mv.rules.reshape_outputs if mv.rules.output_reshapes else None
-        classes = request.classification
-        shm_manager = self.shm
-        error: HostError | None = None
-        latency = stats.latency  # host.latency: None unless --metrics-config asks for it
-        # Completion is a test-and-set under this lock: a scheduler failing the request and a
-        # backend thread answering it at the same moment deliver one final response, not two.
-        completing = threading.RLock()
-
-        def on_response(response: InferenceResponse | None, final: bool) -> None:
-            with completing:
-                deliver(response, final)
-
-        def deliver(response: InferenceResponse | None, final: bool) -> None:
-            nonlocal error
-            if request.completed:
-                log.warning("model '%s' sent a response after the final one; dropped", name)
-                return
-            if probe is not None and final:
-                probe.finish(response)  # stores a success with every output, before the filter
-            if response is not None:
-                if latency is not None and latency.first_response is not None:
-                    _first_response(request, latency)
-                response.model_name, response.model_version, response.id = name, version, request.id
-                if reshape is not None and response.error is None:
-                    reshape(response)  # an output that cannot take its dims makes it an error
-                if response.error is not None:
-                    error = response.error
-                else:
-                    if wanted is not None:
-                        response.outputs = [t for t in response.outputs if t.name in wanted]
-                    try:
-                        if classes is not None:
-                            response.outputs = [
-                                classification.apply(t, classes[t.name], mv.batching,
-                                                     mv.labels.get(t.name))
-                                if t.name in classes else t for t in response.outputs]
-                        if shm_outputs is not None:
-                            shm.write_outputs(response, shm_outputs)
-                    except HostError as exc:
-                        error = exc
-                        response = InferenceResponse(name, version, request.id, error=exc)
-            if final:
-                request.completed = True
-                if request.shm_regions:
-                    shm.release_request(request, shm_manager)
-                now = time.perf_counter_ns()
-                started = request.exec_start_ns
-                stats.request_done(error is None, now - request.enqueue_ns,
-                                   (started or now) - request.enqueue_ns,
-                                   request.batch_size if started else 0, error)
-                mv.end_request()
-                # The request refers to this closure and the closure to the request: break the
-                # cycle so reference counting frees both, instead of a garbage collection pause.
-                request.callback = _after_final
-            callback(response, final)
-
-        request.callback = on_response
-        request.enqueue_ns = time.perf_counter_ns()
-        if self.tracing:  # the only cost of tracing while no setting can sample
-            self.tracer.begin(mv, request)
-        # --- response cache: the one place the request path touches it; after the request's
-        # start time, so that its duration includes the lookup (as Triton's does).
-        if self.cache is not None:
-            probe = self.cache.probe(mv, request)
-            if probe is not None and probe.hit is not None:
-                hit, probe = probe.hit, None
-                return hit
-        return None
-
-    @staticmethod
-    def _schedule(mv: ModelVersion, request: InferenceRequest) -> None:
-        try:
-            mv.scheduler.submit(request)
-        except BaseException as exc:  # noqa: BLE001 - whatever it is, it fails this request only
-            if not isinstance(exc, Exception):
-                log.error("model '%s': %s while scheduling a request", mv.name, type(exc).__name__)
-            if not request.completed:
-                err = exc if isinstance(exc, HostError) else InternalError(
-                    f"{type(exc).__name__}: {exc}" if not isinstance(exc, Exception) else str(exc))
-                request.respond(InferenceResponse(error=err), True)
+        (mv.stages or Stages.of(self, mv)).run(request, callback)
 
     # --- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -381,7 +265,8 @@ class Host:
                 folder = overrides.write(name, files, self.options.http_max_input_size)
             self.manager.load(name, config, override_dir=folder)  # removes an unused folder
         except HostError as exc:
-            if (config is None and not files) or exc.message.startswith("failed to load"):
+            if (config is None and not files) or exc.message.startswith(
+                    ("failed to load", "load failed for model")):  # Triton's texts already
                 raise
             # Triton reports a load with overrides that fails as "failed to load '<name>' ...".
             raise error_for(exc.code, f"failed to load '{name}': {exc.message}") from None
@@ -431,14 +316,6 @@ class Host:
         return logsettings.current().as_dict()
 
 
-def _first_response(request: InferenceRequest, latency: Any) -> None:
-    # nv_inference_first_response_histogram_ms: observed once per request (a decoupled model's
-    # later responses are not).
-    if not request.first_response_seen:
-        request.first_response_seen = True
-        latency.responded(time.perf_counter_ns() - request.enqueue_ns)
-
-
 def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:
     """--backend-config settings by backend; with auto-complete off, backends are told so."""
     settings = {name: dict(values) for name, values in options.backend_config.items()}
@@ -447,18 +324,11 @@ def _backend_settings(options: ServerOptions) -> dict[str, dict[str, str]]:
     return settings
 
 
-def _after_final(response: InferenceResponse | None, final: bool) -> None:
-    log.warning("a response was sent after the final response of its request; dropped")
-
-
 def _version(version: str | int) -> int:
-    """'' or -1 mean the default version; anything else must be a non-negative integer."""
+    """'' or -1 mean the default version; anything else must be a non-negative integer
+    (host.validation.parse_version, with Triton's texts)."""
     if version in ("", None, -1):
         return -1
-    try:
-        value = int(version)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"failed to parse model version '{version}'") from None
-    if value < 0:
-        raise InvalidArgumentError(f"failed to parse model version '{version}'")
-    return value
+    if type(version) is int and version >= 0:
+        return version
+    return validation.parse_version(str(version))

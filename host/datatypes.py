@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from host.errors import InvalidArgumentError
+from host.proto import model_config_pb2
 
 try:  # BF16 has no numpy dtype of its own; ml_dtypes provides one when installed.
     from ml_dtypes import bfloat16 as _bfloat16
@@ -81,6 +82,11 @@ def from_config(type_name: str) -> str:
     if type_name == "TYPE_STRING":
         return "BYTES"
     return type_name[5:] if type_name.startswith("TYPE_") else type_name
+
+
+def from_config_enum(data_type: int) -> str:
+    """A model config's DataType enum value (`TYPE_INT32`'s number) -> `INT32`."""
+    return from_config(model_config_pb2.DataType.Name(data_type))
 
 
 def to_config(datatype: str) -> str:
@@ -185,4 +191,4 @@ def array_to_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes(array.reshape(-1))
     array = np.ascontiguousarray(array)
-    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
+    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""  # type: ignore[arg-type]

@@ -70,3 +70,18 @@ _BY_CODE = {cls.code: cls for cls in HostError.__subclasses__()}
 def error_for(code: Code, message: str) -> HostError:
     """Build the error class that carries `code` (used when a code crosses a boundary)."""
     return _BY_CODE.get(code, HostError)(message)
+
+
+# Triton's own names for its codes (triton::common::Error::CodeString): the prefix of a model's
+# state reason ("Internal: ..."), which Triton's load answers and repository index show.
+TRITON_CODE_NAMES = {
+    Code.UNKNOWN: "Unknown", Code.INTERNAL: "Internal", Code.NOT_FOUND: "Not found",
+    Code.INVALID_ARG: "Invalid argument", Code.UNAVAILABLE: "Unavailable",
+    Code.UNSUPPORTED: "Unsupported", Code.ALREADY_EXISTS: "Already exists",
+    Code.CANCELLED: "Cancelled",
+}
+
+
+def state_reason(exc: HostError) -> str:
+    """Triton's text for why a model version failed: its code's name, then the message."""
+    return f"{TRITON_CODE_NAMES[exc.code]}: {exc.message}"

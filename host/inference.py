@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
-
 if TYPE_CHECKING:
     from host.errors import HostError
 
@@ -25,7 +23,8 @@ class Tensor:
     name: str
     datatype: str
     shape: list[int]
-    data: np.ndarray
+    # np.ndarray as a rule; None for a tensor in shared memory; a device array (CUDA) on the way out.
+    data: Any
     parameters: dict[str, Any] = field(default_factory=dict)
 
 

@@ -22,7 +22,8 @@ from host.backends_pool import BackendPool
 from host.ensemble import EnsembleVersion
 from host.ensemble.control import Dependencies, composing_of
 from host.ensemble.scheduler import StepRunner
-from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError
+from host.errors import (HostError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError,
+                         state_reason)
 from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
@@ -147,7 +148,7 @@ class ModelManager:
     def _index_rows(entry: ModelEntry) -> list[dict[str, Any]]:
         rows = []
         for v in sorted(entry.versions.values(), key=lambda v: v.version):
-            row = {"name": entry.name, "version": str(v.version), "state": v.state}
+            row: dict[str, Any] = {"name": entry.name, "version": str(v.version), "state": v.state}
             if v.reason:
                 row["reason"] = v.reason
             rows.append(row)
@@ -159,7 +160,7 @@ class ModelManager:
                 rows.append({"name": entry.name, "version": str(version), "state": UNAVAILABLE,
                              "reason": reason})
         if not rows:
-            row: dict[str, Any] = {"name": entry.name}
+            row = {"name": entry.name}
             if entry.error or entry.unloaded:
                 row.update(state=UNAVAILABLE, reason=entry.error or "unloaded")
             rows.append(row)
@@ -312,23 +313,20 @@ class ModelManager:
                 raise InvalidArgumentError(
                     f"model '{entry.name}' names no backend or platform and none can be inferred "
                     f"from its files")
-        if not cfg.HasField("version_policy"):
-            cfg.version_policy.latest.num_versions = 1
+        config_mod.default_policy(cfg)
         if not repository.versions_on_disk(entry.location.path):
             raise InvalidArgumentError(f"model '{entry.name}' has no version folder")
         return cfg
 
     def _load_versions(self, entry: ModelEntry, base: model_config_pb2.ModelConfig,
                        versions: list[int]) -> None:
-        first_error: HostError | None = None
         new: dict[int, ModelVersion] = {}
         entry.failed = {}
         for version in versions:
             try:
                 new[version] = self._load_version(entry, copy.deepcopy(base), version)
             except HostError as exc:
-                first_error = first_error or exc
-                entry.failed[version] = str(exc)
+                entry.failed[version] = state_reason(exc)
                 self._notify(entry.name, version, UNAVAILABLE, str(exc))
                 old = entry.versions.get(version)
                 if old is not None and old.state == READY:
@@ -337,8 +335,11 @@ class ModelManager:
         entry.versions = new
         self._wait_unloaded([self._unload_version(mv) for version, mv in old_versions.items()
                              if new.get(version) is not mv])
-        if first_error is not None:
-            raise first_error
+        if entry.failed:
+            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
+            raise InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
+                f"version {version} is at {UNAVAILABLE} state: {reason};"
+                for version, reason in sorted(entry.failed.items())))
 
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
@@ -381,8 +382,7 @@ class ModelManager:
                 raise
             # Any other exception, sys.exit() included, fails this model's load only.
             log.exception("model '%s' version %d failed to load", entry.name, version)
-            raise UnavailableError(f"failed to load '{entry.name}' version {version}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+            raise InternalError(f"{type(exc).__name__}: {exc}") from exc
         log.info("successfully loaded '%s' version %d", entry.name, version)
         self._notify(entry.name, version, READY, "")
         return mv

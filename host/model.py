@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from host import classification, config_support
+from host import batch, classification, config_support
 from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -21,6 +21,7 @@ from host.validation import RequestRules
 
 if TYPE_CHECKING:
     from host.backend import Backend, Model
+    from host.stages import Stages
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class ModelVersion:
         self._model: Model | None = None
         self._slots: list[InstanceSlot] = []
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
+        self._equal_shapes = False  # the backend's `equal_shape_batches`, set by `load`
+        self.stages: Stages | None = None  # the request stages, made on the first request
         self._inflight = 0
         self._cond = threading.Condition()
         spec.report_failure = self.fail
@@ -70,6 +73,7 @@ class ModelVersion:
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:
         config_support.check(self.config)  # nothing in the configuration is silently ignored
+        self._equal_shapes = backend.equal_shape_batches  # for the dynamic batcher
         try:
             self._model = backend.create_model(self.spec)
             self._model.initialize()
@@ -101,7 +105,8 @@ class ModelVersion:
         if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),
-                                  db.max_queue_delay_microseconds, queue_config=db)
+                                  db.max_queue_delay_microseconds, queue_config=db,
+                                  compatible=batch.shape_key(cfg) if self._equal_shapes else None)
         return DirectScheduler(self, slots)
 
     def begin_unload(self) -> None:

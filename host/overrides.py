@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from host.errors import InvalidArgumentError
+from host.errors import InternalError, InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,16 @@ def write(name: str, files: dict[str, bytes], limit: int) -> Path:
             f"the override files of model '{name}' total {total} bytes, more than the {limit} "
             "bytes allowed. Use --http-max-input-size to increase the limit.")
     root = Path(tempfile.mkdtemp(prefix="modelhost-override-"))  # mode 0700: this user's only
+    relpath = ""
     try:
         for relpath, content in files.items():
             _write_one(root, relpath, content)
+    except OSError as exc:
+        remove(root)
+        # Triton's answer when it cannot write an override (a name longer than NAME_MAX, a full
+        # disk): INTERNAL and the poll failure text, which its own model-control client checks.
+        raise InternalError(f"failed to load '{name}', failed to poll from model repository "
+                            f"('{PREFIX}{relpath}': {exc.strerror})") from None
     except BaseException:
         remove(root)
         raise
@@ -59,19 +66,17 @@ def _write_one(root: Path, relpath: str, content: bytes) -> None:
             f"Invalid file parameter '{key}' with normalized path '{target}' must stay within "
             "model directory.")
     path = root.joinpath(*[p for p in parts if p not in ("", ".")])
+    # An OSError here (a name longer than NAME_MAX...) is answered by write().
     if path.parent.exists() and not path.parent.is_dir():
         raise InvalidArgumentError(
             f"Invalid file parameter '{key}', directory has been created as a file")
     if path.is_dir():
         raise InvalidArgumentError(f"Invalid file parameter '{key}', a directory of that name exists")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # O_NOFOLLOW | O_EXCL: nothing in the fresh directory can redirect the write elsewhere.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-    except OSError as exc:
-        raise InvalidArgumentError(f"Invalid file parameter '{key}': {exc.strerror}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # O_NOFOLLOW | O_EXCL: nothing in the fresh directory can redirect the write elsewhere.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(content)
 
 
 def remove(root: Path | None) -> None:

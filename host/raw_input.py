@@ -30,7 +30,7 @@ def resolve(request: InferenceRequest, config: model_config_pb2.ModelConfig) -> 
             f"but got {len(config.input)} inputs in '{config.name}' model configuration")
     raw = request.inputs.pop(NAME)
     model_input = config.input[0]
-    datatype = datatypes.from_config(model_config_pb2.DataType.Name(model_input.data_type))
+    datatype = datatypes.from_config_enum(model_input.data_type)
     shape = [1] if config.max_batch_size > 0 else []
     dynamic_axis = -1
     count = 1

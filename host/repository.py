@@ -8,20 +8,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
-from host.errors import InvalidArgumentError, NotFoundError
-
-# Without a config.pbtxt the backend is inferred from the model file a version folder holds.
-_BACKEND_BY_FILE = (
-    ("model.py", "python"),
-    ("model.onnx", "onnxruntime"),
-    ("model.pt", "pytorch"),
-    ("model.plan", "tensorrt"),
-    ("model.savedmodel", "tensorflow"),
-    ("model.graphdef", "tensorflow"),
-)
-
+from host.config.platforms import infer_backend  # noqa: F401 - the repository's API
+from host.config.versions import select_versions  # noqa: F401 - the repository's API
+from host.errors import NotFoundError
 
 @dataclass(frozen=True)
 class ModelLocation:
@@ -60,34 +51,6 @@ def versions_on_disk(path: Path) -> list[int]:
         if entry.is_dir() and entry.name.isdigit():
             out.append(int(entry.name))
     return sorted(out)
-
-
-def select_versions(policy, available: Iterable[int]) -> list[int]:
-    """Apply a ModelVersionPolicy (latest N / all / specific) to the versions on disk."""
-    available = sorted(available)
-    which = policy.WhichOneof("policy_choice")
-    if which == "all":
-        return available
-    if which == "specific":
-        wanted = sorted(set(policy.specific.versions))
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise InvalidArgumentError(
-                f"version policy names version(s) {missing} that have no folder on disk")
-        return wanted
-    n = policy.latest.num_versions if which == "latest" else 1
-    if n < 1:
-        raise InvalidArgumentError("version policy 'latest' needs num_versions >= 1")
-    return available[-n:]
-
-
-def infer_backend(path: Path) -> str:
-    """Best guess of a model's backend from its files, for models without a config.pbtxt."""
-    for version in reversed(versions_on_disk(path)):
-        for filename, backend in _BACKEND_BY_FILE:
-            if (path / str(version) / filename).exists():
-                return backend
-    return ""
 
 
 def fingerprint(path: Path) -> tuple:

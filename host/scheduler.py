@@ -8,7 +8,10 @@ different instances of a model run in parallel.
   what makes a request at low concurrency cheap.
 - `DynamicBatcher`: one thread per instance takes requests from a shared queue and combines those
   of several clients into one execute, up to max_batch_size rows, waiting at most
-  max_queue_delay_microseconds for a preferred batch size.
+  max_queue_delay_microseconds for a preferred batch size. It alone decides which requests may
+  share an execute: in order of arrival, and, for a backend that needs it, only requests whose
+  `compatible` keys agree (`host.batch.shape_key`: equal shapes, `allow_ragged_batch` honoured);
+  a batch ends at the first request that does not fit, as in Triton.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import bls, supervise
 from host.errors import CancelledError, HostError, InternalError, UnavailableError
@@ -134,6 +137,7 @@ class DirectScheduler:
     def submit(self, request: InferenceRequest) -> None:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
+        slot: InstanceSlot | None
         try:
             slot = self._free.get_nowait()
         except queue.Empty:
@@ -172,8 +176,10 @@ class DirectScheduler:
 class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
                  preferred: Sequence[int], max_delay_us: int,
-                 queue_config: ModelDynamicBatching | None = None) -> None:
+                 queue_config: ModelDynamicBatching | None = None,
+                 compatible: Callable[[InferenceRequest], tuple] | None = None) -> None:
         self.model = model
+        self._compatible = compatible  # requests whose keys differ never share an execute
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
@@ -248,12 +254,20 @@ class DynamicBatcher:
                     if not queue:  # another instance took them
                         return []
                 rejected = queue.expire()
-                batch, rows = [], 0
+                batch: list[InferenceRequest] = []
+                rows = 0
+                key = self._compatible
+                first = None
                 while queue:
                     front = queue.front()
                     assert front is not None
                     if batch and rows + front.batch_size > self.max_batch:
                         break
+                    if key is not None:
+                        if not batch:
+                            first = key(front)
+                        elif key(front) != first:
+                            break  # a request of another shape starts the next batch
                     r = queue.popleft()
                     rows += r.batch_size
                     batch.append(r)

@@ -91,6 +91,10 @@ class ServerApplication(BaseApplication):
             "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
             "graceful_timeout": int(o.exit_timeout_secs),
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
+            # the HTTP parser's limits (host.http.worker honours these gunicorn settings)
+            "limit_request_line": 8190,
+            "limit_request_fields": 100,
+            "limit_request_field_size": 8190,
             "accesslog": None,
             # its debug level (a dump of its configuration) from --log-verbose 2; _QuietGunicorn
             # drops its start-up lines unless verbose
@@ -218,5 +222,9 @@ def serve(options: ServerOptions) -> int:
         startup.log.error("%s", exc)
         return 1
     logging.getLogger("gunicorn.error").addFilter(_QuietGunicorn(options.log_verbose > 0))
+
+    from host.grpc import core_settings
+
+    core_settings.apply()  # the worker inherits it; grpc's core reads it when it first starts
     ServerApplication(options).run()
     return 0

@@ -1,13 +1,19 @@
-"""Checks of a request against its model's configuration, with Triton's messages.
+"""The one request validator: every rule about a request, with Triton's messages.
 
-Built once per loaded model version (`RequestRules`), run on every request before scheduling,
-so both front ends reject the same requests with the same words.
+- `RequestRules`: a request against its model's configuration; built once per loaded model
+  version, run on every request before scheduling.
+- The functions below it: rules on the tensors and parameters the front ends decode (data size
+  against shape, BYTES element counts, dimensions, datatypes, duplicate inputs, outputs, versions,
+  load parameters). The codecs call them while parsing, so HTTP and gRPC reject the same requests;
+  where Triton's words differ by protocol, the texts are data here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
 
 from host import datatypes
 from host.errors import InternalError, InvalidArgumentError
@@ -29,7 +35,7 @@ class RequestRules:
         self.model = config.name
         self.max_batch_size = config.max_batch_size
         self.inputs = {
-            i.name: _TensorRule(datatypes.from_config(model_config_pb2.DataType.Name(i.data_type)),
+            i.name: _TensorRule(datatypes.from_config_enum(i.data_type),
                                 tuple(i.dims), i.optional)
             for i in config.input
         }
@@ -166,3 +172,173 @@ def _names(names) -> str:
     """Triton's list: `['a','b']`; an empty list of missing inputs reads `]`, as in Triton."""
     text = ",".join(f"'{n}'" for n in names)
     return "[" + text + "]" if text else "]"
+
+
+# --- rules on the tensors and parameters a front end decodes --------------------------------------
+# The codecs only parse their wire format; every rule about what they parsed is here, once.
+# Where Triton words a rule differently per protocol, each protocol's text is data in `_TEXTS`
+# (keyed by the request's protocol: "http" or "grpc"), never a branch in a codec.
+
+_TEXTS: dict[str, dict[str, str]] = {
+    "negative_dim": {
+        "http": "Unable to parse 'shape' of input '{name}': expected an array of non-negative integers",
+        "grpc": "invalid shape {shape} for input '{name}' for model '{model}': dimensions must not be "
+                "negative",
+    },
+    "string_count": {
+        "http": "input '{name}': BYTES tensor holds {got} elements, but its shape needs {count}",
+        "grpc": "expected {count} string elements for inference input '{name}' for model '{model}', "
+                "got {got}",
+    },
+    "load_type": {
+        "http": "Unable to parse load parameter '{key}': expected a string",
+        "grpc": "invalid value type for load parameter '{key}', expected {kind}.",
+    },
+    "load_key": {
+        "http": "unexpected load parameter '{key}': expected 'config' or 'file:<version>/<name>'",
+        "grpc": "unrecognized load parameter '{key}'.",
+    },
+}
+# What a load parameter's value must be, by protocol: JSON carries files as base64 text.
+_LOAD_FILE_TYPE: dict[str, type] = {"http": str, "grpc": bytes}
+_PROTOBUF_KIND: dict[type, str] = {str: "string_param", bytes: "bytes_param"}
+
+
+def _error(rule: str, protocol: str, **values: object) -> InvalidArgumentError:
+    return InvalidArgumentError(_TEXTS[rule][protocol].format(**values))
+
+
+def check_datatype(name: str, datatype: str) -> None:
+    if not datatypes.is_valid(datatype):
+        raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+
+
+def shape_error(name: str, shape: object, model: str, protocol: str) -> InvalidArgumentError:
+    """The error for a shape that is not a list of non-negative integers."""
+    return _error("negative_dim", protocol, name=name, shape=shape, model=model)
+
+
+# Whether a protocol's shape-limit messages name the model (host.datatypes.check_shape).
+_SHAPE_LIMIT_NAMES_MODEL = {"http": False, "grpc": True}
+
+
+def check_shape(name: str, shape: list[int], model: str, protocol: str,
+                json_datatype: str | None = None) -> None:
+    """No negative dimension, and a shape some tensor can have (host.datatypes.check_shape).
+    `json_datatype`: the input's datatype when its data comes as JSON (HTTP), whose size
+    overflowing int64 Triton words in its own way, checked first."""
+    for d in shape:
+        if d < 0:
+            raise shape_error(name, shape, model, protocol)
+    if json_datatype is not None:
+        _check_json_size(name, json_datatype, shape)
+    datatypes.check_shape(name, shape, model if _SHAPE_LIMIT_NAMES_MODEL[protocol] else "")
+
+
+def check_new_input(inputs: dict, name: str) -> None:
+    """An input may appear once in a request."""
+    if name in inputs:
+        raise InvalidArgumentError(f"input '{name}' already exists in request")
+
+
+def check_byte_size(name: str, model: str, expected: int, got: int) -> None:
+    if got != expected:
+        raise InvalidArgumentError(
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
+            f"got {got}")
+
+
+def fixed_size_count(name: str, model: str, datatype: str, shape: list[int], nbytes: int) -> int:
+    """The element count of a fixed-size input whose data is `nbytes` long (checked against its shape)."""
+    count = datatypes.element_count(shape)
+    check_byte_size(name, model, datatypes.element_size(datatype) * count, nbytes)
+    return count
+
+
+def check_string_count(name: str, model: str, count: int, got: int, protocol: str) -> None:
+    """A BYTES input holds exactly the elements its shape says."""
+    if got != count:
+        raise _error("string_count", protocol, name=name, model=model, count=count, got=got)
+
+
+def bytes_input(name: str, model: str, shape: list[int], buf: bytes | memoryview,
+                protocol: str) -> np.ndarray:
+    """A BYTES input from its length-prefixed wire bytes, its element count checked."""
+    try:
+        items = datatypes.deserialize_bytes(buf)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
+    check_string_count(name, model, datatypes.element_count(shape), len(items), protocol)
+    return datatypes.bytes_array(items, shape)
+
+
+def output_array(t: Tensor) -> np.ndarray:
+    """An output's data as an array of its wire dtype, checked against its shape."""
+    arr = t.data if isinstance(t.data, np.ndarray) else np.asarray(t.data)
+    if t.datatype != "BYTES":
+        want = datatypes.to_numpy(t.datatype)
+        if arr.dtype != want:
+            arr = arr.astype(want)
+    if arr.size != datatypes.element_count(t.shape):
+        raise InternalError(f"output tensor shape does not match size of output for '{t.name}'")
+    return arr
+
+
+def parse_version(version: str) -> int:
+    """A requested model version as Triton parses it (GetModelVersionFromString); '' -> -1."""
+    if not version:
+        return -1
+    try:
+        value = int(version)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"failed to get model version from specified version string '{version}' (details: "
+            "stol), version should be an integral value > 0") from None
+    if value < 0:
+        raise InvalidArgumentError(
+            f"invalid model version specified '{version}' , version should be an integral value > 0")
+    return value
+
+
+def load_parameters(params: dict[str, Any], protocol: str,
+                    decode_file: Callable[[str, Any], bytes] | None = None
+                    ) -> tuple[str | None, dict[str, bytes] | None]:
+    """A model load's `config` (JSON text) and `file:<version>/<name>` parameters
+    -> (config, {"<version>/<name>": bytes}); `decode_file(key, value)` turns a file's wire
+    value into bytes (HTTP: base64)."""
+    file_type = _LOAD_FILE_TYPE[protocol]
+    config: Any = None
+    files: dict[str, bytes] = {}
+    value: Any
+    for key, value in params.items():
+        is_file = key.startswith("file:")
+        want = file_type if is_file else str
+        if file_type is str and not isinstance(value, str):  # HTTP: every value is text
+            raise _error("load_type", protocol, key=key, kind=_PROTOBUF_KIND[str])
+        if key != "config" and not is_file:
+            raise _error("load_key", protocol, key=key)
+        if not isinstance(value, want):
+            raise _error("load_type", protocol, key=key, kind=_PROTOBUF_KIND[want])
+        if is_file:
+            files[key[5:]] = value if decode_file is None else decode_file(key, value)  # type: ignore[assignment]
+        else:
+            config = value
+    return config, files or None
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_json_size(name: str, datatype: str, shape: list[int]) -> None:
+    """Refuse JSON data whose element count or byte size overflows int64, in Triton's words."""
+    count = datatypes.element_count(shape)
+    shape_text = "[" + ",".join(str(d) for d in shape) + "]"
+    if count > _INT64_MAX:
+        raise InvalidArgumentError(
+            f"invalid shape for input '{name}': shape {shape_text} causes total element count to "
+            f"exceed maximum size of {_INT64_MAX}")
+    size = datatypes.element_size(datatype)  # 0 for BYTES
+    if size > 1 and count > _INT64_MAX // size:
+        raise InvalidArgumentError(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size "
+            f"({size}) exceeds maximum allowed size ({_INT64_MAX})")

@@ -262,6 +262,40 @@ def test_dynamic_batching_combines_requests_of_several_clients(tmp_path):
     host.stop()
 
 
+def _batches_of_shapes(tmp_path, monkeypatch, equal: bool, ragged: bool) -> list[int]:
+    """Four queued requests, inner shapes 2, 2, 3, 2: the executes the dynamic batcher makes."""
+    monkeypatch.setattr(RecBackend, "equal_shape_batches", equal)
+    path = write_model(tmp_path, "shapes", mbs=8, extra="dynamic_batching { preferred_batch_size: [ 4 ] "
+                                                        "max_queue_delay_microseconds: 2000000 }")
+    if ragged:
+        cfg = path / "config.pbtxt"
+        cfg.write_text(cfg.read_text().replace("dims: [ -1 ] }} ]".replace("}}", "}"),
+                                               "dims: [ -1 ] allow_ragged_batch: true } ]", 1))
+    host = make_host(tmp_path)
+    host.start()
+    done = threading.Semaphore(0)
+    for width in (2, 2, 3, 2):  # queued in this order, before the batcher takes any
+        host.infer_async(request("shapes", [[7] * width]), lambda r: done.release())
+    for _ in range(4):
+        assert done.acquire(timeout=10)
+    (inst,) = instances(host, "shapes")
+    host.stop()
+    return inst.batches
+
+
+def test_batcher_keeps_shapes_apart_for_a_backend_that_needs_it(tmp_path, monkeypatch):
+    # A batch ends at the first request of another shape (Triton's order-keeping rule).
+    assert _batches_of_shapes(tmp_path, monkeypatch, equal=True, ragged=False) == [2, 1, 1]
+
+
+def test_batcher_honours_allow_ragged_batch(tmp_path, monkeypatch):
+    assert _batches_of_shapes(tmp_path, monkeypatch, equal=True, ragged=True) == [4]
+
+
+def test_batcher_mixes_shapes_for_a_backend_that_takes_any(tmp_path, monkeypatch):
+    assert _batches_of_shapes(tmp_path, monkeypatch, equal=False, ragged=False) == [4]
+
+
 def test_batch_size_over_max_is_rejected(tmp_path):
     write_model(tmp_path, "b", mbs=2)
     host = make_host(tmp_path)

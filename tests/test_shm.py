@@ -449,6 +449,13 @@ def test_unregister_during_a_request_keeps_its_memory_valid(server, protocol, re
         return region.name in (str(status) if protocol == "grpc" else json.dumps(status))
 
     assert listed()  # as in Triton: listed until the last request using it finishes
+    # ... and usable by new requests meanwhile (Triton's L0_shared_memory
+    # test_unregister_shm_during_inference_multiple_req); another model, as this one is busy
+    other = mod.InferInput("IN_FP32", [4], "FP32")
+    other.set_shared_memory(region.name, 16)
+    again = client.infer("identity_all", [other], outputs=[mod.InferRequestedOutput("OUT_FP32")])
+    assert again.as_numpy("OUT_FP32").tolist() == data.tolist()
+    assert listed() and not got
     (tmp_path / "release").touch()
     thread.join(30)
     assert "error" not in got, str(got.get("error"))

@@ -198,8 +198,9 @@ class _Run:
 
     def _new_request(self) -> StepRequest:
         """A step request with the ensemble request's id, parameters, priority, timeout and
-        sequence fields, and the instances its BLS callers hold; the fields are copied from one template per run (cheaper than the
-        dataclass constructor, which runs once per run instead of once per step)."""
+        sequence fields, and the instances its BLS callers hold; the fields are copied from one
+        template per run (cheaper than the dataclass constructor, which runs once per run instead
+        of once per step)."""
         template = self.template
         if template is None:
             parent = self.request
@@ -276,8 +277,8 @@ class _Run:
                     break
             self._store(tensor, key, value, step.batching)
         for s, reads in pruned.next_steps[step.index]:
-            for t in reads:
-                if (t, key) not in values:
+            for read in reads:
+                if (read, key) not in values:
                     break
             else:
                 ready.append((s, key))

@@ -15,8 +15,8 @@ from typing import Any, Iterable
 import numpy as np
 from google.protobuf import json_format
 
-from host import datatypes
-from host.errors import InternalError, InvalidArgumentError, UnsupportedError
+from host import datatypes, validation
+from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.proto import grpc_service_pb2 as pb
 from host.shm.tensors import mentions_shm
@@ -85,47 +85,13 @@ def set_parameters(target: Any, params: dict[str, Any]) -> None:
 
 # --- request ---------------------------------------------------------------------------------
 
-def model_version(version: str) -> int:
-    """The requested version as Triton parses it (GetModelVersionFromString); '' -> -1."""
-    if not version:
-        return -1
-    try:
-        value = int(version)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"failed to get model version from specified version string '{version}' (details: "
-            "stol), version should be an integral value > 0") from None
-    if value < 0:
-        raise InvalidArgumentError(
-            f"invalid model version specified '{version}' , version should be an integral value > 0")
-    return value
-
-
-def _byte_size_mismatch(name: str, model: str, expected: int, got: int) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
-        f"got {got}")
-
-
-def _string_count_mismatch(name: str, model: str, expected: int, got: int) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"expected {expected} string elements for inference input '{name}' for model '{model}', "
-        f"got {got}")
+model_version = validation.parse_version  # the core's rule, with Triton's texts
 
 
 def _from_raw(name: str, datatype: str, shape: list[int], buf: bytes, model: str) -> np.ndarray:
-    count = datatypes.element_count(shape)
     if datatype == "BYTES":
-        try:
-            items = datatypes.deserialize_bytes(buf)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
-        if len(items) != count:
-            raise _string_count_mismatch(name, model, count, len(items))
-        return datatypes.bytes_array(items, shape)
-    expected = datatypes.element_size(datatype) * count
-    if len(buf) != expected:
-        raise _byte_size_mismatch(name, model, expected, len(buf))
+        return validation.bytes_input(name, model, shape, buf, "grpc")
+    count = validation.fixed_size_count(name, model, datatype, shape, len(buf))
     return np.frombuffer(buf, datatypes.to_numpy(datatype), count).reshape(shape)
 
 
@@ -147,8 +113,7 @@ def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, mo
     count = datatypes.element_count(shape)
     if datatype == "BYTES":
         items = list(found[0]) if found is not None else []
-        if len(items) != count:
-            raise _string_count_mismatch(name, model, count, len(items))
+        validation.check_string_count(name, model, count, len(items), "grpc")
         return datatypes.bytes_array(items, shape)
     target = datatypes.to_numpy(datatype)
     if found is None:
@@ -157,8 +122,7 @@ def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, mo
         # INT8/INT16/UINT8/UINT16 keep the low bytes of each 32-bit value, as Triton does.
         array = np.array(found[0], dtype=found[1]).astype(target, copy=False)
     size = datatypes.element_size(datatype)
-    if array.size != count:
-        raise _byte_size_mismatch(name, model, size * count, size * array.size)
+    validation.check_byte_size(name, model, size * count, size * array.size)
     return array.reshape(shape)
 
 
@@ -172,15 +136,9 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     for tensor in msg.inputs:
         name = tensor.name
         datatype = tensor.datatype
-        if not datatypes.is_valid(datatype):
-            raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+        validation.check_datatype(name, datatype)
         shape = list(tensor.shape)
-        for d in shape:
-            if d < 0:
-                raise InvalidArgumentError(
-                    f"invalid shape {shape} for input '{name}' for model '{model}': dimensions "
-                    "must not be negative")
-        datatypes.check_shape(name, shape, model)
+        validation.check_shape(name, shape, model, "grpc")
         params = tensor.parameters
         extra = {}
         if params:
@@ -190,8 +148,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                     raise InvalidArgumentError(
                         f"unexpected 'content' provided when using shared memory for input tensor "
                         f"'{name}' for model '{model}'")
-                if name in inputs:
-                    raise InvalidArgumentError(f"input '{name}' already exists in request")
+                validation.check_new_input(inputs, name)
                 inputs[name] = Tensor(name, datatype, shape, None, extra)
                 uses_shm = True
                 continue
@@ -207,8 +164,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
         else:
             raise InvalidArgumentError(
                 f"unable to find data for input tensor '{name}' for model '{model}' in request.")
-        if name in inputs:
-            raise InvalidArgumentError(f"input '{name}' already exists in request")
+        validation.check_new_input(inputs, name)
         inputs[name] = Tensor(name, datatype, shape, data, extra)
     outputs = []
     for out in msg.outputs:
@@ -230,15 +186,9 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
 # --- response --------------------------------------------------------------------------------
 
 def _raw_output(t: Tensor, view: bool = False) -> bytes | memoryview:
-    data = t.data
-    arr = data if isinstance(data, np.ndarray) else np.asarray(data)
-    if arr.size != datatypes.element_count(t.shape):
-        raise InternalError(f"output tensor shape does not match size of output for '{t.name}'")
+    arr = validation.output_array(t)
     if t.datatype == "BYTES":
         return datatypes.serialize_bytes(arr.reshape(-1))
-    want = datatypes.to_numpy(t.datatype)
-    if arr.dtype != want:
-        arr = arr.astype(want)
     if view:  # no copy of contiguous data: the caller copies it once, into the message
         return datatypes.array_to_bytes(t.datatype, arr)
     return arr.tobytes()  # C order, whatever the array's layout
@@ -294,7 +244,7 @@ def encode_infer_response(response: InferenceResponse, request_id: str = "",
     """A ModelInferResponse carrying every output in raw_output_contents (unless `with_contents`
     is False: then the caller frames them, see `FramedResponse`)."""
     outputs = []
-    raws = []
+    raws: list = []
     for t in response.outputs:
         out = InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape)
         if t.parameters:
@@ -379,27 +329,9 @@ def _repository_value(param: Any) -> Any:
 
 
 def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:
-    """`config` (JSON text) and `file:<version>/<name>` (bytes) -> (config, {"<version>/<name>": bytes}).
-
-    Triton's checks and words (grpc_server.cc, RepositoryModelLoad).
-    """
-    config = None
-    files: dict[str, bytes] = {}
-    for key, param in params.items():
-        value = _repository_value(param)
-        if key == "config":
-            if type(value) is not str:
-                raise InvalidArgumentError(
-                    f"invalid value type for load parameter '{key}', expected string_param.")
-            config = value
-        elif key.startswith("file:"):
-            if type(value) is not bytes:
-                raise InvalidArgumentError(
-                    f"invalid value type for load parameter '{key}', expected bytes_param.")
-            files[key[5:]] = value
-        else:
-            raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
-    return config, files or None
+    """`config` (JSON text) and `file:<version>/<name>` (bytes) -> (config, {"<version>/<name>": bytes}),
+    checked by the core (Triton's gRPC words)."""
+    return validation.load_parameters({k: _repository_value(p) for k, p in params.items()}, "grpc")
 
 
 def unload_dependents(params: Any) -> bool:

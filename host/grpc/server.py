@@ -35,16 +35,20 @@ import threading
 import time
 from typing import Any, Callable
 
-import grpc
-from google.protobuf.message import DecodeError
-from grpc._cython import cygrpc
+from host.grpc import core_settings
 
-from host.errors import HostError
-from host.logs import log_grpc_call
-from host.grpc.servicer import DEFERRED, Servicer
-from host.grpc.status import status_code
-from host.proto import grpc_service_pb2 as pb
-from host.restricted import Restrictions
+core_settings.apply()  # before grpc's core reads the environment (see the module)
+
+import grpc  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
+from grpc._cython import cygrpc  # noqa: E402
+
+from host.errors import HostError  # noqa: E402
+from host.logs import log_grpc_call  # noqa: E402
+from host.grpc.servicer import DEFERRED, Servicer  # noqa: E402
+from host.grpc.status import status_code  # noqa: E402
+from host.proto import grpc_service_pb2 as pb  # noqa: E402
+from host.restricted import Restrictions  # noqa: E402
 
 log = logging.getLogger("host.grpc")
 _REQUEST_LOG = logging.getLogger("host.request")
@@ -217,6 +221,7 @@ class _StreamCall:
         self._send_status()
 
     def _start_send(self, data: bytes) -> None:
+        operations: tuple[Any, ...]
         if self._metadata_sent:
             operations = (_SendMessage(data, _NO_FLAGS),)
         else:
@@ -244,6 +249,7 @@ class _StreamCall:
 
     def _send_status(self) -> None:
         status = _SendStatus(None, _OK, b"", _NO_FLAGS)
+        operations: tuple[Any, ...]
         if self._metadata_sent:
             operations = (status,)
         else:

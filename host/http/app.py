@@ -19,6 +19,7 @@ import orjson
 from host.config import config_to_json
 from host.core import Host
 from host.errors import Code, HostError, InternalError, InvalidArgumentError
+from host import validation
 from host.headers import wsgi_headers
 from host.http import body, codec, generate, openai
 from host.http.server import CLIENT_GONE
@@ -57,8 +58,9 @@ class _Resource:
     def env_body(self, env: dict[str, Any]) -> bytes:
         """The request body from the WSGI environ, size-limited and decompressed."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
+        kind = "body" if "HTTP_INFERENCE_HEADER_CONTENT_LENGTH" in env else "JSON"
         return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
-                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"))
+                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind)
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""
@@ -121,7 +123,7 @@ class Infer(_Resource):
         data = self.env_body(env)
         header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
         request, fmt = codec.decode_infer_request(data, header_length, model,
-                                                  int(version) if version else -1)
+                                                  validation.parse_version(version))
         if self.forward is not None:
             self.forward.apply(request, wsgi_headers(env))
         response = self.host.infer(request)
@@ -213,7 +215,7 @@ class Generate(_Resource):
         version = _version(version)
         doc = self.json_body(req)
         metadata = self.host.model_metadata(model, version)
-        return generate.decode_generate_request(doc, metadata, model, int(version) if version else -1)
+        return generate.decode_generate_request(doc, metadata, model, validation.parse_version(version))
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
         request = self._request(req, model, version)
@@ -375,7 +377,7 @@ class Logging(_Resource):
             if value is None:
                 continue
             kind = self._TYPES.get(key)
-            if kind is not None and (type(value) is not kind or (kind is int and value < 0)):
+            if kind is not None and (type(value) is not kind or (kind is int and value < 0)):  # type: ignore[operator]
                 raise InvalidArgumentError(self._TYPE_ERRORS[kind])
             changes[key] = value
         _json(resp, self.host.log_settings(changes))
@@ -396,22 +398,14 @@ def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str, bytes] | None]:
     """`config` (JSON text) and `file:<version>/<name>` (base64) -> (config, {"<version>/<name>": bytes})."""
-    config = None
-    files: dict[str, bytes] = {}
-    for key, value in params.items():
-        if type(value) is not str:
-            raise InvalidArgumentError(f"Unable to parse load parameter '{key}': expected a string")
-        if key == "config":
-            config = value
-        elif key.startswith("file:"):
-            try:
-                files[key[5:]] = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidArgumentError(f"'{key}' is not valid base64 data") from None
-        else:
-            raise InvalidArgumentError(
-                f"unexpected load parameter '{key}': expected 'config' or 'file:<version>/<name>'")
-    return config, files or None
+    return validation.load_parameters(params, "http", _base64)
+
+
+def _base64(key: str, value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgumentError(f"'{key}' is not valid base64 data") from None
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -17,13 +17,15 @@ LIMIT_HINT = "Use --http-max-input-size to increase the limit."
 UNSUPPORTED_ENCODING = "Unsupported compression type"
 
 
-def too_large(size: int, limit: int) -> InvalidArgumentError:
+def too_large(size: int, limit: int, kind: str = "body") -> InvalidArgumentError:
+    """`kind`: "JSON" for a body that is all JSON (Triton's text then says "request JSON size")."""
     return InvalidArgumentError(
-        f"request body size of {size} bytes exceeds the maximum allowed input size of {limit} "
+        f"request {kind} size of {size} bytes exceeds the maximum allowed input size of {limit} "
         f"bytes. {LIMIT_HINT}")
 
 
-def read(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int) -> bytes:
+def read(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int,
+         kind: str = "body") -> bytes:
     """The raw request body, refused when it is larger than `limit` bytes.
 
     Without Content-Length the body is only read when it is chunked (a WSGI server gives EOF
@@ -31,7 +33,7 @@ def read(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int
     """
     if content_length is not None:
         if content_length > limit:
-            raise too_large(content_length, limit)
+            raise too_large(content_length, limit, kind)
         if content_length == 0:
             return b""
         data = stream.read(content_length)
@@ -53,7 +55,7 @@ _CHUNK = 1 << 16
 
 
 def read_decoded(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int,
-                 content_encoding: str | None) -> bytes:
+                 content_encoding: str | None, kind: str = "body") -> bytes:
     """The request body with its Content-Encoding undone, decompressed as it is read.
 
     Neither the compressed body nor its decompressed size may pass `limit`; the decompressed
@@ -62,9 +64,9 @@ def read_decoded(stream: BinaryIO, content_length: int | None, chunked: bool, li
     """
     encoding = _encoding(content_encoding)
     if encoding is None:
-        return read(stream, content_length, chunked, limit)
+        return read(stream, content_length, chunked, limit, kind)
     if content_length is not None and content_length > limit:
-        raise too_large(content_length, limit)
+        raise too_large(content_length, limit, kind)
     if content_length is None and not chunked:
         return b""
     return _inflate(stream, content_length, limit, encoding, compressed_limit=limit)

@@ -20,8 +20,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import orjson
 
-from host import datatypes, raw_input
-from host.errors import HostError, InternalError, InvalidArgumentError, UnsupportedError
+from host import datatypes, raw_input, validation
+from host.errors import HostError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.shm.tensors import mentions_shm
 
@@ -47,11 +47,42 @@ class OutputFormat:
 
 # --- JSON helpers ----------------------------------------------------------------------------
 
+# orjson parses nested arrays and objects recursively and (3.8) overflows the C stack on a body
+# nested some 100,000 deep, killing the worker (60,000 still parse on an 8 MiB thread stack).
+# Bodies that may nest deeper than this go to Python's json instead, whose recursion limit turns
+# them into a RecursionError (a 400); shallower ones parse, so `data` nested past Triton's limit
+# gets Triton's own message (MAX_JSON_NESTING_DEPTH).
+_ORJSON_MAX_NESTING = 10_000
+_SCAN_CHUNK = 1 << 20
+
+
+def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
+    """Whether the brackets in `buf` nest deeper than `limit` (brackets inside strings count
+    too: a false alarm only costs the slower parser)."""
+    raw = bytes(buf) if isinstance(buf, memoryview) else buf
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    arr = np.frombuffer(raw, np.uint8)
+    depth = 0
+    for start in range(0, arr.size, _SCAN_CHUNK):
+        part = arr[start:start + _SCAN_CHUNK]
+        steps = ((part == 0x5B) | (part == 0x7B)).astype(np.int32)
+        steps -= (part == 0x5D) | (part == 0x7D)
+        running = np.cumsum(steps) + depth
+        if running.max() > limit:
+            return True
+        depth = int(running[-1])
+    return False
+
+
 def load_json(buf: bytes | memoryview) -> Any:
-    try:
-        return orjson.loads(buf)
-    except orjson.JSONDecodeError as exc:
-        error = exc
+    if _may_nest_deeper(buf, _ORJSON_MAX_NESTING):
+        error: Exception = ValueError(f"nesting deeper than {_ORJSON_MAX_NESTING} levels")
+    else:
+        try:
+            return orjson.loads(buf)
+        except orjson.JSONDecodeError as exc:
+            error = exc
     # What orjson refuses but Triton's parser (rapidjson, kParseNanAndInfFlag, no encoding
     # validation) takes: NaN / Infinity / -Infinity, and strings holding bytes that are not
     # UTF-8 (kept byte for byte through `surrogateescape`; see `_utf8`).
@@ -125,7 +156,9 @@ def _flatten(data: Iterable[Any]) -> Iterator[Any]:
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
-                if len(stack) >= MAX_JSON_NESTING_DEPTH:
+                # Triton refuses an element at depth 100 (the data array is depth 0); this
+                # list's items would be at depth len(stack) + 1.
+                if len(stack) + 1 >= MAX_JSON_NESTING_DEPTH:
                     raise InvalidArgumentError(
                         f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING_DEPTH})")
                 stack.append(iter(item))
@@ -223,16 +256,7 @@ def _non_finite(data: Any) -> bool:
     return isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all()
 
 
-def output_array(t: Tensor) -> np.ndarray:
-    """The output's data as an array of the wire dtype, checked against its shape."""
-    arr = t.data if isinstance(t.data, np.ndarray) else np.asarray(t.data)
-    if t.datatype != "BYTES":
-        want = datatypes.to_numpy(t.datatype)
-        if arr.dtype != want:
-            arr = arr.astype(want)
-    if arr.size != datatypes.element_count(t.shape):
-        raise InternalError(f"output tensor shape does not match size of output for '{t.name}'")
-    return arr
+output_array = validation.output_array  # the core's rule (kept here for generate.py's import)
 
 
 def json_data(t: Tensor, arr: np.ndarray) -> Any:
@@ -304,20 +328,13 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     datatype = item.get("datatype")
     if type(datatype) is not str:
         raise InvalidArgumentError(f"Unable to parse 'datatype' of input '{name}': expected a string")
-    if not datatypes.is_valid(datatype):
-        raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+    validation.check_datatype(name, datatype)
     shape = item.get("shape")
-    if type(shape) is not list:
-        shape = None
-    else:
-        for d in shape:
-            if type(d) is not int or d < 0:
-                shape = None
-                break
-    if shape is None:
-        raise InvalidArgumentError(
-            f"Unable to parse 'shape' of input '{name}': expected an array of non-negative integers")
-    datatypes.check_shape(name, shape)
+    if type(shape) is not list or not all(type(d) is int for d in shape):
+        raise validation.shape_error(name, shape, model_name, "http")
+    # JSON data: Triton's texts for a size that overflows int64 come before the shared limits.
+    validation.check_shape(name, shape, model_name, "http",
+                           json_datatype=datatype if "data" in item else None)
     params = item.get("parameters")
     if params is None:
         params = {}
@@ -350,17 +367,9 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
                 f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
                 f"for model '{model_name}'")
         if datatype == "BYTES":
-            try:
-                data = datatypes.array_from_buffer(datatype, shape, view[offset:end])
-            except InvalidArgumentError as exc:
-                raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
+            data = validation.bytes_input(name, model_name, shape, view[offset:end], "http")
         else:
-            count = datatypes.element_count(shape)
-            expected = datatypes.element_size(datatype) * count
-            if size != expected:
-                raise InvalidArgumentError(
-                    f"input byte size mismatch for input '{name}' for model '{model_name}'. "
-                    f"Expected {expected}, got {size}")
+            count = validation.fixed_size_count(name, model_name, datatype, shape, size)
             data = np.frombuffer(view[offset:end], datatypes.to_numpy(datatype), count).reshape(shape)
         offset = end
         extra = {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
@@ -427,8 +436,7 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     has_header = header_length is not None
     for index, item in enumerate(inputs_json):
         tensor, offset = _decode_input(item, index, view, offset, has_header, model_name)
-        if tensor.name in inputs:
-            raise InvalidArgumentError(f"input '{tensor.name}' already exists in request")
+        validation.check_new_input(inputs, tensor.name)
         inputs[tensor.name] = tensor
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")

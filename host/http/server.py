@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote_to_bytes
 
-from gunicorn_h1c import IncompleteError, ParseError, parse_to_wsgi_environ
+from host.http.h1c import IncompleteError, ParseError, head_parser
 
 from host.ratelog import RateLimitedLog
 
@@ -77,7 +77,7 @@ class _Body:
     __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure",
                  "_chunk_left", "_started", "_received")
 
-    def __init__(self, conn: "_Connection", length: int, chunked: bool, expect_continue: bool) -> None:
+    def __init__(self, conn: _Connection, length: int, chunked: bool, expect_continue: bool) -> None:
         self._conn = conn
         self._buf = b""  # body bytes already received, not yet given to the app (chunked only)
         self._remaining = length  # Content-Length bodies: bytes still to give
@@ -183,10 +183,15 @@ class _Body:
         return True
 
 
-class _Connection:
-    __slots__ = ("sock", "pending", "server_addr", "client_addr")
+_default_parse = head_parser()
 
-    def __init__(self, sock: socket.socket, server_addr: tuple, client_addr: tuple) -> None:
+
+class _Connection:
+    __slots__ = ("sock", "pending", "server_addr", "client_addr", "parse")
+
+    def __init__(self, sock: socket.socket, server_addr: tuple, client_addr: tuple,
+                 parse: Callable = _default_parse) -> None:
+        self.parse = parse  # host.http.h1c.head_parser, with the server's header limits
         self.sock = sock
         self.pending = b""  # received, not yet consumed
         self.server_addr = server_addr
@@ -249,7 +254,7 @@ class _Connection:
         while True:
             if data:
                 try:
-                    env = parse_to_wsgi_environ(data, self.server_addr, self.client_addr)
+                    env, consumed = self.parse(data, self.server_addr, self.client_addr)
                     break
                 except IncompleteError:
                     if len(data) > MAX_HEADER_BYTES:
@@ -270,7 +275,6 @@ class _Connection:
             elif now - started > HEADER_SECONDS:
                 raise _Timeout("request headers not received in time")
             data = data + chunk if data else chunk
-        consumed = env.pop("_consumed")
         self.pending = data[consumed:]
         return env
 
@@ -288,6 +292,9 @@ class HTTPServer:
     """
 
     ACCEPT_POLL_SECONDS = 0.5
+    # The request-head parser (host.http.h1c.head_parser); host.http.worker gives the server one
+    # with gunicorn's limit_request_* settings.
+    parse_head: Callable = staticmethod(_default_parse)
 
     def __init__(self, app: WSGIApp, listeners: list[socket.socket], *, max_connections: int = 1024,
                  keepalive_timeout: float = 120.0, ssl_context: ssl.SSLContext | None = None) -> None:
@@ -312,7 +319,7 @@ class HTTPServer:
 
     @classmethod
     def bind(cls, app: WSGIApp, host: str = "0.0.0.0", port: int = 8000, *, backlog: int = 1024,
-             **kwargs: Any) -> "HTTPServer":
+             **kwargs: Any) -> HTTPServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -345,7 +352,7 @@ class HTTPServer:
         while not self._stopping.is_set():
             try:
                 sock, client = listener.accept()
-            except (socket.timeout, BlockingIOError, InterruptedError):
+            except (TimeoutError, BlockingIOError, InterruptedError):
                 continue
             except OSError as exc:
                 if self._stopping.is_set():
@@ -419,7 +426,7 @@ class HTTPServer:
                     self._connections[tls_sock] = False
                 sock = tls_sock
             _set_kernel_timeouts(sock, self.keepalive_timeout)
-            conn = _Connection(sock, self.address, client[:2])
+            conn = _Connection(sock, self.address, client[:2], self.parse_head)
             while not self._stopping.is_set():
                 try:
                     env = conn.read_environ()
@@ -479,7 +486,7 @@ class HTTPServer:
         keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
         coding = env.get("HTTP_TRANSFER_ENCODING")
         chunked = coding is not None
-        if chunked:
+        if coding is not None:  # chunked
             # Only plain `chunked` (RFC 9112 6.1): other codings are not implemented, and a
             # body framed two ways (with Content-Length too) is how requests are smuggled.
             if [c.strip().lower() for c in coding.split(",")] != ["chunked"]:

@@ -50,7 +50,7 @@ class KVCacheConfig:
     enable_block_reuse: bool = False
 
 
-def free_memory_bytes(device: "torch.device") -> int:
+def free_memory_bytes(device: torch.device) -> int:
     """Free memory of the device the pool lives on (CUDA: the driver's figure; CPU: MemAvailable)."""
     import torch
 
@@ -93,7 +93,7 @@ class KVCache:
     """The block pool, its tensors and its bookkeeping. Used by the manager's worker thread only."""
 
     def __init__(self, *, layers: int, heads: int, head_dim: int, num_blocks: int,
-                 tokens_per_block: int, dtype: "torch.dtype", device: "torch.device | str" = "cpu",
+                 tokens_per_block: int, dtype: torch.dtype, device: torch.device | str = "cpu",
                  enable_block_reuse: bool = False) -> None:
         import torch
 

@@ -7,7 +7,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # (request id, logits [vocab] of this step, tokens so far per beam, client id) -> logits.
 # The seed's LogitsPostProcessor, without the stream argument: the call runs on the worker
 # thread, in order with the forward pass.
-LogitsPostProcessor = Callable[[int, "torch.Tensor", list[list[int]], Optional[int]], "torch.Tensor"]
+LogitsPostProcessor = Callable[[int, "torch.Tensor", list[list[int]], int | None], "torch.Tensor"]
 
 
 # Below this a temperature is greedy (as vLLM's _SAMPLING_EPS): dividing logits by it would

@@ -26,22 +26,22 @@ class ContextChunk:
     start: int  # first row of the chunk in the flat batch
     length: int  # its tokens
     offset: int  # tokens of the request already in the cache before this chunk
-    kv_slots: "torch.Tensor"  # slots of the request's tokens 0 .. offset+length-1
-    mask: "torch.Tensor | None"  # [length, offset+length] bool; None: plain causal (offset 0)
+    kv_slots: torch.Tensor  # slots of the request's tokens 0 .. offset+length-1
+    mask: torch.Tensor | None  # [length, offset+length] bool; None: plain causal (offset 0)
 
 
 @dataclass
 class StepBatch:
-    input_ids: "torch.Tensor"  # [T] int64
-    positions: "torch.Tensor"  # [T] int64
-    slots: "torch.Tensor"  # [T] int64: where each token's key/value goes
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slots: torch.Tensor  # [T] int64: where each token's key/value goes
     tokens_per_block: int
     num_decode: int
-    decode_blocks: "torch.Tensor"  # [B] int64 block ids
-    decode_block_segment: "torch.Tensor"  # [B] int64 in 0..num_decode-1
-    decode_block_empty: "torch.Tensor"  # [B, tokens_per_block] bool: slots past the last token
+    decode_blocks: torch.Tensor  # [B] int64 block ids
+    decode_block_segment: torch.Tensor  # [B] int64 in 0..num_decode-1
+    decode_block_empty: torch.Tensor  # [B, tokens_per_block] bool: slots past the last token
     contexts: list[ContextChunk]
-    logits_index: "torch.Tensor"  # [R] rows whose logits the step needs
+    logits_index: torch.Tensor  # [R] rows whose logits the step needs
     # per scheduled sequence: (first logits row, number of logits rows) in the model's output
     logits_rows: list[tuple[int, int]] = field(default_factory=list)
 
@@ -49,7 +49,7 @@ class StepBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def to(self, device: "torch.device") -> StepBatch:
+    def to(self, device: torch.device) -> StepBatch:
         """The same batch with its tensors on `device` (built on the CPU, run where the model is)."""
         moved = {name: getattr(self, name).to(device, non_blocking=True)
                  for name in ("input_ids", "positions", "slots", "decode_blocks",
@@ -60,7 +60,7 @@ class StepBatch:
                          contexts=contexts, logits_rows=self.logits_rows, **moved)
 
 
-def _slot_table(seq: Sequence, tokens_per_block: int) -> "torch.Tensor":
+def _slot_table(seq: Sequence, tokens_per_block: int) -> torch.Tensor:
     """All slots of the sequence's blocks in order; cached until its block table changes."""
     import torch
 
@@ -73,10 +73,10 @@ def _slot_table(seq: Sequence, tokens_per_block: int) -> "torch.Tensor":
     return cached
 
 
-_OFFSETS: dict[int, "torch.Tensor"] = {}
+_OFFSETS: dict[int, torch.Tensor] = {}
 
 
-def _offsets(tokens_per_block: int) -> "torch.Tensor":
+def _offsets(tokens_per_block: int) -> torch.Tensor:
     """arange(tokens_per_block), made once per block size."""
     t = _OFFSETS.get(tokens_per_block)
     if t is None:

@@ -85,12 +85,17 @@ def get_plugin_manager(blocked: Iterable[str] = (), extra: Iterable[object] = ()
 
 
 def _collect(plugins: Plugins) -> None:
-    """Call each registration hook plugin by plugin, so every record knows who made it."""
-    registry = plugins.registry
-    for hook in (plugins.manager.hook.modelhost_register_backends,
-                 plugins.manager.hook.modelhost_register_caches,
-                 plugins.manager.hook.modelhost_register_logits_processors):
-        for impl in hook.get_hookimpls():
+    """Call each registration hook plugin by plugin, so every record knows who made it.
+
+    Each call goes through pluggy (a subset caller holding one plugin's implementation, and
+    every hook wrapper), so pluggy's own machinery applies: wrappers, tracing, error reporting.
+    """
+    pm, registry = plugins.manager, plugins.registry
+    for name in ("modelhost_register_backends", "modelhost_register_caches",
+                 "modelhost_register_logits_processors"):
+        impls = [i for i in getattr(pm.hook, name).get_hookimpls() if not (i.wrapper or i.hookwrapper)]
+        for impl in impls:
+            others = [i.plugin for i in impls if i.plugin is not impl.plugin]
             registry.current_plugin = impl.plugin_name
-            impl.function(registry=registry)
+            pm.subset_hook_caller(name, remove_plugins=others)(registry=registry)
     registry.current_plugin = "?"

@@ -17,7 +17,7 @@ import numpy as np
 from host import datatypes
 from host.errors import InvalidArgumentError
 from host.inference import InferenceRequest, Tensor
-from host.proto.model_config_pb2 import DataType, ModelConfig, ModelSequenceBatching
+from host.proto.model_config_pb2 import ModelConfig, ModelSequenceBatching
 
 _Control = ModelSequenceBatching.Control
 # The config's false/true field -> the control tensor's datatype.
@@ -57,7 +57,7 @@ class Controls:
             for control in control_input.control:
                 if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
                     self.corrid_name = control_input.name
-                    self.corrid_type = datatypes.from_config(DataType.Name(control.data_type))
+                    self.corrid_type = datatypes.from_config_enum(control.data_type)
                     continue
                 flag = self._flag(control_input.name, control)
                 if control.kind == _Control.CONTROL_SEQUENCE_START:

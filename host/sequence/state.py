@@ -24,7 +24,7 @@ import numpy as np
 from host import datatypes
 from host.errors import InvalidArgumentError
 from host.inference import Tensor
-from host.proto.model_config_pb2 import DataType, ModelConfig
+from host.proto.model_config_pb2 import ModelConfig
 
 INITIAL_STATE_FOLDER = "initial_state"
 
@@ -43,7 +43,7 @@ class StateSpecs:
         batch = [1] if config.max_batch_size > 0 else []
         seen: set[str] = set()
         for state in config.sequence_batching.state:
-            datatype = datatypes.from_config(DataType.Name(state.data_type))
+            datatype = datatypes.from_config_enum(state.data_type)
             if len(state.initial_state) > 1:
                 raise InvalidArgumentError(
                     f"initial_state field for state input '{state.input_name}' must contain "

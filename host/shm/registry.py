@@ -125,7 +125,9 @@ class SharedMemoryManager:
     # --- used by requests ------------------------------------------------------------------
     def get(self, name: str) -> Any:
         region = self._regions.get(name)  # a dict read is atomic: no lock on the request path
-        if region is None or region.pending:
+        # A region awaiting unregister (pending) still serves new requests, as in Triton
+        # (shared_memory_manager.cc): it goes when the last request using it finishes.
+        if region is None:
             raise NotFoundError(f"Unable to find shared memory region: '{name}'")
         return region
 

@@ -19,7 +19,7 @@ import numpy as np
 from host.errors import InternalError, InvalidArgumentError
 
 try:  # the SIGBUS guard (host/shm/_guard.c); without a compiled one, the size checks alone
-    from host.shm import _guard
+    from host.shm import _guard  # type: ignore[attr-defined]  # compiled: mypy sees no source
 except ImportError:  # pragma: no cover - an installation built without a C compiler
     _guard = None
 

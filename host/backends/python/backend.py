@@ -100,7 +100,7 @@ def _sanitize(text: str) -> str:
 
 def _sibling_names(directory: Path) -> set[str]:
     """Top-level module names a file or package in `directory` would provide."""
-    names = set()
+    names: set[str] = set()
     try:
         entries = list(directory.iterdir())
     except OSError:
@@ -266,7 +266,7 @@ class PythonModel(Model):
         cfg = self.spec.config
         # Output name -> wire datatype, for validating what the model sends.
         self.output_datatypes = {
-            o.name: datatypes.from_config(pb_utils._DataType.Name(o.data_type))
+            o.name: datatypes.from_config_enum(o.data_type)
             for o in cfg.output if o.data_type != 0}
         self.output_names = [o.name for o in cfg.output]
 
@@ -523,7 +523,7 @@ class PythonInstance(Instance):
     def _convert(self, response: pb_utils.InferenceResponse, request: HostRequest) -> HostResponse:
         """A model's pb_utils.InferenceResponse as the host's response (an error response if invalid)."""
         if response.has_error():
-            err = response.error()
+            err: Any = response.error()
             return self._error_response(error_for(_host_code(err.code()), err.message()), request)
         host = self._base_response(request)
         raw = response.parameters()

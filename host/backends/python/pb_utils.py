@@ -91,7 +91,7 @@ CONTEXT_GLOBAL = "__modelhost_context__"
 
 
 def _current_context() -> _ModelContext | None:
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     while frame is not None:
         ctx = frame.f_globals.get(CONTEXT_GLOBAL)
         if isinstance(ctx, _ModelContext):
@@ -327,7 +327,7 @@ def _array_from_capsule(capsule: Any) -> np.ndarray:
             raise TritonModelException("BF16 tensors need the ml_dtypes package")
         managed.dl_tensor.dtype.code = _kDLUInt  # numpy reads it as uint16; viewed as bf16 below
     array = np.from_dlpack(_CapsuleHolder(capsule, (_kDLCPU, 0)))
-    return array.view(datatypes.BF16_DTYPE) if bf16 else array
+    return array.view(datatypes.BF16_DTYPE) if bf16 else array  # type: ignore[arg-type]
 
 
 def _capsule_from_array(array: np.ndarray) -> Any:
@@ -975,10 +975,11 @@ class MetricFamily:
 
 class Metric:
     def __init__(self, family: MetricFamily, labels: dict, buckets: list[float] | None) -> None:
-        self._family, self.labels, self.buckets = family, labels, buckets
+        self._family, self.labels = family, labels
+        self.buckets: Any = buckets  # a sorted list for a histogram, else None
         self._value = 0.0
         self._sum = 0.0
-        self._counts = [0] * (len(buckets) + 1) if buckets is not None else None
+        self._counts: Any = [0] * (len(buckets) + 1) if buckets is not None else None
 
     def increment(self, value: float) -> None:
         if self._family.kind == MetricFamily.HISTOGRAM:

@@ -17,10 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from host import batch
-from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
-from host.errors import InvalidArgumentError
-from host.inference import InferenceRequest, InferenceResponse
+from host.api import (Backend, InferenceRequest, InferenceResponse, Instance, InstanceSpec,
+                      InvalidArgumentError, Model, ModelSpec, gather, run_batched)
 
 
 class ScaleBackend(Backend):
@@ -61,9 +59,9 @@ class ScaleInstance(Instance):
 
     def execute(self, requests: Sequence[InferenceRequest]) -> list[InferenceResponse]:
         """One response per request; a dynamic batch runs as one array operation."""
-        return batch.run_batched(requests, self.model.batching, self._run)
+        return run_batched(requests, self.model.batching, self._run)
 
     def _run(self, group: Sequence[InferenceRequest]) -> dict[str, tuple[str, np.ndarray]]:
-        data = batch.gather(group)["INPUT"]
+        data = gather(group)["INPUT"]
         datatype = group[0].inputs["INPUT"].datatype
         return {"OUTPUT": (datatype, (data * self.model.factor).astype(data.dtype))}

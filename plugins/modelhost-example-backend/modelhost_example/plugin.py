@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from host.plugins.registry import Registry
-from host.plugins.spec import hookimpl
+from host.api import Registry, hookimpl
 
 
 @hookimpl

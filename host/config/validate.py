@@ -1,21 +1,12 @@
-"""Model configuration: parsing config.pbtxt and JSON, Triton's JSON form, defaults, validation.
-
-The configuration is the `inference.ModelConfig` protobuf (host/proto/model_config.proto, wire-
-compatible with Triton's). `normalize_config` reproduces what Triton's core does to a freshly read
-config before a model loads (auto-complete of backend fields, defaults, validation), so that the
-config a client reads back from us is the one Triton would have shown, and a config Triton rejects
-is rejected here with Triton's message.
-"""
+"""Triton's checks of a model configuration (ValidateModelConfig, inputs and outputs, batching,
+sequences, ensembles, instance groups), with Triton's messages."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
-
+from host import datatypes
+from host.config.platforms import ENSEMBLE_PLATFORM, KNOWN_BACKENDS, PLATFORM_BACKENDS
 from host.errors import InvalidArgumentError
 from host.proto.model_config_pb2 import (
     DataType,
@@ -27,341 +18,10 @@ from host.proto.model_config_pb2 import (
     ModelSequenceBatching,
 )
 
-CONFIG_FILENAME = "config.pbtxt"
-
-# Platform -> backend that serves it, as Triton maps them (the one table of this mapping).
-# "libtorch" is Triton's alternative spelling of pytorch_libtorch.
-PLATFORM_BACKENDS: dict[str, str] = {
-    "tensorflow_graphdef": "tensorflow",
-    "tensorflow_savedmodel": "tensorflow",
-    "tensorrt_plan": "tensorrt",
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "libtorch": "pytorch",
-    "torch_aoti": "pytorch",
-    "ensemble": "ensemble",
-}
-ENSEMBLE_PLATFORM = "ensemble"
-
-# Backends Triton knows by name: for these, platform and backend must agree.
-_KNOWN_BACKENDS = frozenset(PLATFORM_BACKENDS.values()) - {ENSEMBLE_PLATFORM}
-
-SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000  # Triton's default max_sequence_idle_microseconds
-_DEFAULT_CPU_INSTANCE_COUNT = 2  # Triton's CPU default for backends that scale with instances
-_MULTI_INSTANCE_BACKENDS = frozenset({"tensorflow", "onnxruntime"})
-
-_INT64_TYPES = frozenset({
-    FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64,
-})
-
 _Control = ModelSequenceBatching.Control
 _FALSE_TRUE_FIELDS = ("int32_false_true", "fp32_false_true", "bool_false_true")
 _CORRID_TYPES = (DataType.TYPE_UINT64, DataType.TYPE_INT64, DataType.TYPE_UINT32,
                  DataType.TYPE_INT32, DataType.TYPE_STRING)
-
-
-# --- parsing and printing ---------------------------------------------------------------------
-
-def parse_config_text(text: str, source: str) -> ModelConfig:
-    """Parse config.pbtxt text; errors name `source` so a user can find the broken file."""
-    config = ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise InvalidArgumentError(f"failed to read text proto from {source}: {exc}") from None
-    return config
-
-
-def load_config_file(model_dir: Path, custom_name: str = "") -> ModelConfig | None:
-    """Read `<model_dir>/config.pbtxt`; None when absent (Triton may then auto-complete one).
-
-    With `custom_name` (--model-config-name), `<model_dir>/configs/<custom_name>.pbtxt` is read
-    instead where it exists, as Triton does.
-    """
-    path = Path(model_dir) / CONFIG_FILENAME
-    if custom_name:
-        custom = Path(model_dir) / "configs" / f"{custom_name}.pbtxt"
-        if custom.is_file():
-            path = custom
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:  # unreadable, a directory, not UTF-8
-        raise InvalidArgumentError(f"failed to read text proto from {path}: {exc}") from None
-    return parse_config_text(text, str(path))
-
-
-def config_from_json(data: str | bytes | dict) -> ModelConfig:
-    """Parse a JSON config (the "load with config override" form), as Triton's JsonToModelConfig.
-
-    Unknown fields are errors; enum names are matched case-insensitively, as Triton does.
-    """
-    try:
-        if isinstance(data, (str, bytes, bytearray)):
-            data = json.loads(data)
-        if not isinstance(data, dict):
-            raise InvalidArgumentError(
-                f"model configuration JSON must be an object, got {type(data).__name__}")
-        return json_format.ParseDict(_upper_enum_names(data, ModelConfig.DESCRIPTOR), ModelConfig())
-    except (json_format.ParseError, ValueError, TypeError) as exc:
-        raise InvalidArgumentError(f"failed to parse model configuration JSON: {exc}") from None
-
-
-def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
-    """The JSON form of Triton's `GET /v2/models/<m>/config`.
-
-    Proto field names, enum names, fields without presence printed with their defaults, and
-    64-bit integers as JSON numbers (protobuf's JSON mapping quotes them; Triton unquotes them).
-    """
-    doc = json_format.MessageToDict(
-        cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    return _walk_json(doc, cfg.DESCRIPTOR, _unquote_int64)
-
-
-def _unquote_int64(field: FieldDescriptor, value: Any) -> Any:
-    """Turn a quoted 64-bit integer back into a number."""
-    if field.type in _INT64_TYPES and isinstance(value, str):
-        return int(value)
-    return value
-
-
-def _upper_enum_names(doc: dict, descriptor: Descriptor) -> dict:
-    """Copy of a JSON config whose unknown lowercase enum names are upper-cased (Triton's rule)."""
-    def fix(field: FieldDescriptor, value: Any) -> Any:
-        if (field.enum_type is not None and isinstance(value, str)
-                and value not in field.enum_type.values_by_name
-                and value.upper() in field.enum_type.values_by_name):
-            return value.upper()
-        return value
-    return _walk_json(doc, descriptor, fix)
-
-
-def _walk_json(doc: Any, descriptor: Descriptor,
-               fix: Callable[[FieldDescriptor, Any], Any]) -> Any:
-    """Rebuild a JSON object of message `descriptor`, passing every scalar through `fix`.
-
-    Follows nested messages, repeated fields and map values (map keys stay strings: JSON object
-    keys can't be numbers). Keys may be proto names or lowerCamel JSON names. Keys come out in
-    the .proto's declaration order, as Triton prints them.
-    """
-    if not isinstance(doc, dict):
-        return doc  # malformed input: leave it for json_format to report
-    out = {}
-    for field in descriptor.fields:
-        for key in (field.name, field.json_name):
-            if key in doc and key not in out:
-                out[key] = _walk_field(field, doc[key], fix)
-    for key, value in doc.items():  # unknown keys: kept for json_format to report
-        out.setdefault(key, value)
-    return out
-
-
-def _walk_field(field: FieldDescriptor, value: Any,
-                fix: Callable[[FieldDescriptor, Any], Any]) -> Any:
-    """Apply `fix` to one field's JSON value (map, repeated, message or scalar)."""
-    message_type = field.message_type
-    if message_type is not None and message_type.GetOptions().map_entry:
-        if not isinstance(value, dict):
-            return value
-        value_field = message_type.fields_by_name["value"]
-        return {k: _walk_field(value_field, v, fix) for k, v in value.items()}
-    if _is_repeated(field) and isinstance(value, list):
-        return [_walk_single(field, v, fix) for v in value]
-    return _walk_single(field, value, fix)
-
-
-def _walk_single(field: FieldDescriptor, value: Any,
-                 fix: Callable[[FieldDescriptor, Any], Any]) -> Any:
-    """Apply `fix` to one non-repeated value of `field`."""
-    if field.message_type is not None:
-        return _walk_json(value, field.message_type, fix)
-    return fix(field, value)
-
-
-def _is_repeated(field: FieldDescriptor) -> bool:
-    """Repeated-ness across protobuf versions (`label` is deprecated in newer runtimes)."""
-    is_repeated = getattr(field, "is_repeated", None)
-    if is_repeated is not None:
-        return bool(is_repeated)
-    return field.label == FieldDescriptor.LABEL_REPEATED
-
-
-# --- backend and instance kind names ----------------------------------------------------------
-
-def backend_for(cfg: ModelConfig) -> str:
-    """Backend serving the model: `backend` if set, else the one Triton maps `platform` to."""
-    return cfg.backend or PLATFORM_BACKENDS.get(cfg.platform, "")
-
-
-def instance_kind_name(kind_enum: int) -> str:
-    """`KIND_CPU` -> "CPU" (also "GPU", "MODEL", "AUTO"), the names Triton's APIs print."""
-    try:
-        return ModelInstanceGroup.Kind.Name(kind_enum).removeprefix("KIND_")
-    except ValueError:
-        raise InvalidArgumentError(f"unknown instance group kind {kind_enum}") from None
-
-
-# --- normalization ----------------------------------------------------------------------------
-
-def normalize_config(cfg: ModelConfig, model_name: str, *, model_dir: Path | None = None,
-                     validate_io: bool = True) -> None:
-    """Fill in Triton's defaults in place and validate, raising InvalidArgumentError.
-
-    Mirrors Triton's load path: auto-complete backend fields, normalize, validate the config, its
-    inputs/outputs and instance groups, and require name == directory name. `model_dir`, when given,
-    lets the backend be inferred from the files of the first version directory as Triton does.
-    `validate_io=False` defers the input/output checks (Triton runs them after a backend's own
-    auto-complete may have added inputs and outputs). Idempotent: after such an auto-complete,
-    call it again, as Triton re-normalizes (e.g. to derive preferred batch sizes from a
-    max_batch_size the backend supplied).
-    """
-    _autofill_backend_fields(cfg, model_name, _first_version_contents(model_dir))
-    _fill_defaults(cfg)
-    _validate_model_config(cfg)
-    if cfg.name != model_name:
-        raise InvalidArgumentError(
-            f"unexpected directory name '{model_name}' for model '{cfg.name}', "
-            "directory name must equal model name")
-    _normalize_instance_groups(cfg)
-    _validate_instance_groups(cfg)
-    if validate_io:
-        validate_io_config(cfg)
-
-
-def _first_version_contents(model_dir: Path | None) -> dict[str, bool] | None:
-    """{entry name: is directory} of the model's first subdirectory (Triton's probe), or None."""
-    if model_dir is None or not Path(model_dir).is_dir():
-        return None
-    subdirs = sorted(p.name for p in Path(model_dir).iterdir() if p.is_dir())
-    if not subdirs:
-        return None
-    return {p.name: p.is_dir() for p in (Path(model_dir) / subdirs[0]).iterdir()}
-
-
-def _autofill_backend_fields(cfg: ModelConfig, model_name: str,
-                             contents: dict[str, bool] | None) -> None:
-    """Fill name, platform, backend and default_model_filename as Triton's auto-complete does.
-
-    Each framework in Triton's order: a match on platform, backend or default_model_filename, or
-    (when none of platform/filename is given) the model file found in the first version directory.
-    """
-    if not cfg.name:
-        cfg.name = model_name
-    files = contents or {}
-    has_version = contents is not None
-
-    def found(filename: str, want_dir: bool | None) -> bool:
-        """The probe: nothing given, and the version directory holds this file (or directory)."""
-        return (has_version and not cfg.platform and not cfg.default_model_filename
-                and filename in files and (want_dir is None or files[filename] == want_dir))
-
-    def default_filename(filename: str) -> None:
-        if not cfg.default_model_filename:
-            cfg.default_model_filename = filename
-
-    # TensorFlow needs a platform; it comes from the file name or the version directory.
-    if not cfg.platform and cfg.backend in ("", "tensorflow"):
-        if cfg.default_model_filename == "model.savedmodel":
-            cfg.platform = "tensorflow_savedmodel"
-        elif cfg.default_model_filename == "model.graphdef":
-            cfg.platform = "tensorflow_graphdef"
-        elif not cfg.default_model_filename and has_version:
-            if files.get("model.savedmodel") is True:
-                cfg.platform = "tensorflow_savedmodel"
-            if files.get("model.graphdef") is False:
-                cfg.platform = "tensorflow_graphdef"
-    if cfg.platform in ("tensorflow_savedmodel", "tensorflow_graphdef"):
-        cfg.backend = cfg.backend or "tensorflow"
-        default_filename("model.savedmodel" if cfg.platform == "tensorflow_savedmodel"
-                         else "model.graphdef")
-        return
-
-    for backend, platform, filename, want_dir in (
-            ("tensorrt", "tensorrt_plan", "model.plan", False),
-            ("onnxruntime", "onnxruntime_onnx", "model.onnx", None),  # file or directory
-            ("openvino", "", "model.xml", None)):
-        if not cfg.backend and ((platform and cfg.platform == platform)
-                                or cfg.default_model_filename == filename
-                                or found(filename, want_dir)):
-            cfg.backend = backend
-        if cfg.backend == backend:
-            if platform and not cfg.platform:
-                cfg.platform = platform
-            default_filename(filename)
-            return
-
-    if not cfg.backend:
-        if cfg.platform in ("pytorch_libtorch", "libtorch", "torch_aoti") or \
-                cfg.default_model_filename in ("model.pt", "model.pt2"):
-            cfg.backend = "pytorch"
-        elif found("model.pt", None):
-            if not files["model.pt"]:
-                cfg.backend, cfg.platform = "pytorch", "pytorch_libtorch"
-        elif found("model.pt2", False):
-            cfg.backend, cfg.platform = "pytorch", "torch_aoti"
-    if cfg.backend == "pytorch":
-        if not cfg.platform:
-            cfg.platform = "pytorch_libtorch"
-            default_filename("model.pt")
-        elif cfg.platform == "torch_aoti":
-            default_filename("model.pt2")
-        return
-
-    if not cfg.backend and (cfg.default_model_filename == "model.py" or found("model.py", None)):
-        cfg.backend = "python"
-    if cfg.backend == "python":
-        default_filename("model.py")
-        return
-
-    # Custom backend: nothing given at all, so the model name must read "<anything>.<backend>".
-    if not cfg.backend and not cfg.platform and not cfg.default_model_filename:
-        if "." not in model_name:
-            raise InvalidArgumentError(
-                f"Invalid model name: Could not determine backend for model '{model_name}' with "
-                "no backend in model configuration. Expected model name of the form "
-                "'model.<backend_name>'.")
-        cfg.backend = model_name.split(".", 1)[1]
-        cfg.default_model_filename = "model." + cfg.backend
-
-
-def _fill_defaults(cfg: ModelConfig) -> None:
-    """Triton's NormalizeModelConfig: version policy, preferred batch sizes, idle time, pinning."""
-    if not cfg.HasField("version_policy"):
-        cfg.version_policy.latest.num_versions = 1
-    if cfg.HasField("dynamic_batching"):
-        if not cfg.dynamic_batching.preferred_batch_size and cfg.max_batch_size > 0:
-            cfg.dynamic_batching.preferred_batch_size.append(cfg.max_batch_size)
-    if cfg.HasField("sequence_batching"):
-        sequence = cfg.sequence_batching
-        if sequence.max_sequence_idle_microseconds == 0:
-            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_MICROSECONDS
-        if sequence.HasField("oldest"):
-            if not sequence.oldest.preferred_batch_size and cfg.max_batch_size > 0:
-                sequence.oldest.preferred_batch_size.append(cfg.max_batch_size)
-    if not cfg.HasField("ensemble_scheduling"):
-        if not cfg.optimization.HasField("input_pinned_memory"):
-            cfg.optimization.input_pinned_memory.enable = True
-        if not cfg.optimization.HasField("output_pinned_memory"):
-            cfg.optimization.output_pinned_memory.enable = True
-
-
-def _normalize_instance_groups(cfg: ModelConfig) -> None:
-    """Triton's NormalizeInstanceGroup on a host without GPUs (ensembles have no instances)."""
-    if cfg.HasField("ensemble_scheduling"):
-        return
-    if not cfg.instance_group:
-        cfg.instance_group.add(name=cfg.name)  # Triton names the default group after the model
-    for index, group in enumerate(cfg.instance_group):
-        if not group.name:
-            group.name = f"{cfg.name}_{index}"
-        if group.kind == ModelInstanceGroup.KIND_AUTO:
-            group.kind = ModelInstanceGroup.KIND_CPU  # no supported GPUs here
-        if group.count < 1:
-            group.count = (_DEFAULT_CPU_INSTANCE_COUNT
-                           if group.kind == ModelInstanceGroup.KIND_CPU
-                           and cfg.backend in _MULTI_INSTANCE_BACKENDS else 1)
 
 
 def _validate_model_config(cfg: ModelConfig) -> None:
@@ -376,7 +36,7 @@ def _validate_model_config(cfg: ModelConfig) -> None:
         raise InvalidArgumentError(
             f"Ensemble model '{name}' must have platform type '{cfg.platform}' and empty "
             "backend type")
-    if cfg.backend in _KNOWN_BACKENDS and PLATFORM_BACKENDS.get(cfg.platform) != cfg.backend:
+    if cfg.backend in KNOWN_BACKENDS and PLATFORM_BACKENDS.get(cfg.platform) != cfg.backend:
         raise InvalidArgumentError(
             f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
     if cfg.max_batch_size < 0:
@@ -657,7 +317,7 @@ def _validate_reshape(dims: list[int], shape: list[int], prefix: str) -> None:
             prefix + "reshape dimensions must be integer >= 1, or -1 to indicate a "
             "variable-size dimension")
     if not shape:
-        if -1 in dims or _product(dims) != 1:
+        if -1 in dims or datatypes.element_count(dims) != 1:
             raise InvalidArgumentError(prefix + "has different size for dims and reshape")
         return
     dims_segments, shape_segments = _segments(dims), _segments(shape)
@@ -681,14 +341,6 @@ def _segments(shape: list[int]) -> list[int]:
             current *= dim
     counts.append(current)
     return counts
-
-
-def _product(shape: list[int]) -> int:
-    """Element count of a fully known shape."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
 
 
 def _validate_batch_io(cfg: ModelConfig) -> None:
