@@ -445,7 +445,9 @@ def test_native_backend_state_flags_and_correlation_ids(http, grpc):
 
 def test_the_response_cache_is_refused_for_sequence_models(http):
     reasons = {m["name"]: m.get("reason", "") for m in http.get_model_repository_index()}
+    # The index reason carries Triton's status code name first (as Triton's does for a failed load).
     assert reasons["cached"] == (
+        "Invalid argument: "
         "Response Cache does not currently support model cached with sequence batching "
         "scheduler. Please disable the response cache.")
 
