@@ -180,6 +180,10 @@ typedef struct mh_param {
   } value;
 } mh_param;
 
+/* request.c: parameters from a Python dict (see there), and their release */
+int mh_params_from_dict(PyObject* params, mh_param** out, uint32_t* count, bool strict);
+void mh_params_free(mh_param* params, uint32_t count);
+
 struct TRITONBACKEND_Request {
   TRITONBACKEND_ModelInstance* instance;
   mh_pyref* py;

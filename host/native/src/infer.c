@@ -136,13 +136,6 @@ static void free_input(mh_input* in) {
   free(in->chunks);
 }
 
-static void free_params(mh_param* params, uint32_t count) {
-  for (uint32_t i = 0; i < count; i++) {
-    free(params[i].key);
-    if (params[i].type == TRITONSERVER_PARAMETER_STRING) free(params[i].value.s);
-  }
-  free(params);
-}
 
 MH_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestDelete(
     TRITONSERVER_InferenceRequest* r) {
@@ -157,7 +150,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceRequestDelete(
   free(r->inputs);
   for (uint32_t i = 0; i < r->output_count; i++) free(r->outputs[i]);
   free(r->outputs);
-  free_params(r->params, r->param_count);
+  mh_params_free(r->params, r->param_count);
   free(r->model);
   free(r->id);
   free(r->correlation_id_string);
@@ -538,7 +531,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONSERVER_InferenceResponseDelete(
     free(o->shape);
   }
   free(r->outputs);
-  free_params(r->params, r->param_count);
+  mh_params_free(r->params, r->param_count);
   TRITONSERVER_ErrorDelete(r->error);
   free(r->model);
   free(r->id);
@@ -633,35 +626,6 @@ static char* utf8(PyObject* s) {
   return mh_strdup(text);
 }
 
-/* The response's parameters (GIL held); values without a Triton type are skipped. */
-static void response_params(TRITONSERVER_InferenceResponse* resp, PyObject* params) {
-  if (params == NULL || !PyDict_Check(params) || PyDict_Size(params) == 0) return;
-  resp->params = calloc((size_t)PyDict_Size(params), sizeof(mh_param));
-  Py_ssize_t pos = 0;
-  PyObject *key, *value;
-  while (PyDict_Next(params, &pos, &key, &value)) {
-    mh_param* p = &resp->params[resp->param_count];
-    if (PyBool_Check(value)) {
-      p->type = TRITONSERVER_PARAMETER_BOOL;
-      p->value.b = value == Py_True;
-    } else if (PyLong_Check(value)) {
-      p->type = TRITONSERVER_PARAMETER_INT;
-      p->value.i = PyLong_AsLongLong(value);
-    } else if (PyFloat_Check(value)) {
-      p->type = TRITONSERVER_PARAMETER_DOUBLE;
-      p->value.d = PyFloat_AsDouble(value);
-    } else if (PyUnicode_Check(value)) {
-      p->type = TRITONSERVER_PARAMETER_STRING;
-      p->value.s = utf8(value);
-    } else {
-      continue;
-    }
-    PyErr_Clear();
-    p->key = utf8(key);
-    resp->param_count++;
-  }
-}
-
 /* Outputs (GIL held): names, shapes and views of the host's data, before allocation. */
 static int response_outputs(TRITONSERVER_InferenceResponse* resp, PyObject* outputs,
                             Py_buffer* views) {
@@ -743,7 +707,7 @@ static PyObject* py_respond(PyObject* self, PyObject* args) {
       }
       resp->error = mh_error((TRITONSERVER_Error_Code)code, "%s", message);
     } else {
-      response_params(resp, params);
+      mh_params_from_dict(params, &resp->params, &resp->param_count, false);
       if (PyList_Check(outputs)) {
         views = calloc(PyList_GET_SIZE(outputs) + 1, sizeof(Py_buffer));
         if (response_outputs(resp, outputs, views) < 0) {

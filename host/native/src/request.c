@@ -100,13 +100,18 @@ have_view:
   return 0;
 }
 
-static int fill_params(TRITONBACKEND_Request* r, PyObject* params) {
+/* Triton parameters from a dict of str -> bool/int/float/str (GIL held): a value of another type
+ * is skipped (no Triton parameter type for it). A value that fails to convert (an int beyond int64)
+ * returns -1 with the Python error set when `strict`, and is skipped otherwise. The one converter for
+ * requests handed to backends (strict) and for responses returned to them through the in-process
+ * server API (infer.c). */
+int mh_params_from_dict(PyObject* params, mh_param** out, uint32_t* count, bool strict) {
   if (params == NULL || !PyDict_Check(params) || PyDict_Size(params) == 0) return 0;
-  r->params = calloc((size_t)PyDict_Size(params), sizeof(mh_param));
+  *out = calloc((size_t)PyDict_Size(params), sizeof(mh_param));
   Py_ssize_t pos = 0;
   PyObject *key, *value;
   while (PyDict_Next(params, &pos, &key, &value)) {
-    mh_param* p = &r->params[r->param_count];
+    mh_param* p = &(*out)[*count];
     if (PyBool_Check(value)) {
       p->type = TRITONSERVER_PARAMETER_BOOL;
       p->value.b = value == Py_True;
@@ -120,13 +125,27 @@ static int fill_params(TRITONBACKEND_Request* r, PyObject* params) {
       p->type = TRITONSERVER_PARAMETER_STRING;
       p->value.s = utf8_dup(value);
     } else {
-      continue; /* no Triton parameter type for it */
+      continue;
     }
-    if (PyErr_Occurred()) return -1;
+    if (PyErr_Occurred()) {
+      if (strict) return -1;
+      PyErr_Clear();
+      if (p->type == TRITONSERVER_PARAMETER_STRING) free(p->value.s);
+      memset(p, 0, sizeof(*p));
+      continue;
+    }
     p->key = utf8_dup(key);
-    r->param_count++;
+    (*count)++;
   }
   return 0;
+}
+
+void mh_params_free(mh_param* params, uint32_t count) {
+  for (uint32_t i = 0; i < count; i++) {
+    free(params[i].key);
+    if (params[i].type == TRITONSERVER_PARAMETER_STRING) free(params[i].value.s);
+  }
+  free(params);
 }
 
 static int fill_outputs(TRITONBACKEND_Request* r, PyObject* outputs) {
@@ -167,11 +186,7 @@ static void request_free(TRITONBACKEND_Request* r, bool gil_held) {
   free(r->inputs);
   for (uint32_t i = 0; i < r->output_count; i++) free(r->output_names[i]);
   free(r->output_names);
-  for (uint32_t i = 0; i < r->param_count; i++) {
-    free(r->params[i].key);
-    if (r->params[i].type == TRITONSERVER_PARAMETER_STRING) free(r->params[i].value.s);
-  }
-  free(r->params);
+  mh_params_free(r->params, r->param_count);
   free(r->id);
   free(r->correlation_id_string);
   mh_states_free(r->states);
@@ -218,7 +233,7 @@ TRITONBACKEND_Request* mh_request_new(TRITONBACKEND_ModelInstance* instance, PyO
   if ((outputs = PyObject_GetAttr(request, mh_attr_outputs)) == NULL) goto fail;
   if (fill_outputs(r, outputs) != 0) goto fail;
   if ((params = PyObject_GetAttr(request, mh_attr_parameters)) == NULL) goto fail;
-  if (fill_params(r, params) != 0) goto fail;
+  if (mh_params_from_dict(params, &r->params, &r->param_count, true) != 0) goto fail;
   Py_DECREF(id);
   Py_DECREF(seq);
   Py_DECREF(inputs);
