@@ -415,7 +415,12 @@ def test_initial_state_from_a_file_and_the_state_as_a_debug_output(http):
 
 
 @pytest.mark.skipif(not _has_onnx(), reason="needs onnx and the onnxruntime plugin")
-def test_onnx_model_with_control_input_and_implicit_state(grpc):
+def test_onnx_model_with_control_input_and_implicit_state(grpc, http, server):
+    # The load's reason and the server's log, should the model not have loaded (a CI run once
+    # found it UNAVAILABLE with neither in sight).
+    entry = {m["name"]: m for m in http.get_model_repository_index()}["onnx_state"]
+    assert entry.get("state") == "READY", f"{entry}\n{server.log_text()[-6000:]}"
+
     def send(value, sid, start=False, end=False):
         r = grpc.infer("onnx_state", [_input(grpcclient, value)], sequence_id=sid,
                        sequence_start=start, sequence_end=end)
