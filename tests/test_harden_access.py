@@ -103,6 +103,42 @@ def test_restricted_categories_need_their_header(tmp_path):
         assert errors and "triton-grpc-protocol-infer-key" in str(errors[0])
 
 
+def test_no_other_spelling_of_a_path_gets_past_the_restrictions(tmp_path):
+    """falcon routes `//v2/...` (leading slashes dropped) and empty fields (`versions//infer`):
+    every such spelling must answer as an unknown path, never reach the endpoint unchecked."""
+    import http.client
+    import json
+
+    write_identity(tmp_path, "a")
+    restricted = "health,metadata"  # everything else needs a key
+    others = ",".join(c for c in ("inference", "shared-memory", "model-config", "model-repository",
+                                  "statistics", "trace", "logging"))
+    args = ["--model-control-mode", "explicit", "--load-model", "a",
+            "--http-restricted-api", f"{others}:admin-key=s3cret"]
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
+                                   "data": [1.0]}]})
+    attempts = [("POST", "//v2/repository/index", "{}"), ("POST", "///v2/repository/index", "{}"),
+                ("POST", "/v2//repository/index", "{}"), ("POST", "/v2/repository/index/", "{}"),
+                ("POST", "//v2/repository/models/a/unload", "{}"), ("GET", "//v2/models/stats", ""),
+                ("GET", "//v2/logging", ""), ("GET", "//v2/models/a/config", ""),
+                ("GET", "//v2/systemsharedmemory/status", ""), ("POST", "//v2/models/a/infer", body),
+                ("POST", "/v2/models/a/versions//infer", body), ("POST", "/v2/models//a/infer", body),
+                ("POST", "/%76%32/repository/index", "{}"), ("GET", "//v2/trace/setting", ""),
+                ("POST", "//v1/completions", "{}")]
+    with serve(tmp_path, *args) as server:
+        for method, path, data in attempts:
+            conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            conn.close()
+            assert answer.status in (400, 403, 404), (method, path, answer.status)
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("a")  # the unload above did not happen
+        assert client.get_model_repository_index(headers=ADMIN)[0]["name"] == "a"
+        assert _http_infer(client, ADMIN).tolist() == [1.0, 2.0]
+
+
 @pytest.mark.parametrize("value, words", [
     ("bogus:k=v", "unknown restricted api 'bogus'"),
     ("health:k", "option format is"),

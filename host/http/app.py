@@ -157,6 +157,14 @@ class FastInfer:
 
     def __call__(self, env: dict[str, Any], start_response: Any) -> Any:
         path = env.get("PATH_INFO", "")
+        if "//" in path or not path.startswith("/"):
+            # falcon's router drops leading slashes and lets a field match an empty segment, so
+            # `//v2/repository/index` or `/v2/models/m/versions//infer` would reach an endpoint by
+            # a spelling that the access rules (host.restricted) do not know. Triton's routes
+            # match no such path either: one spelling per endpoint.
+            data = error_body("Not Found")
+            start_response("404 Not Found", [("Content-Type", JSON), ("Content-Length", str(len(data)))])
+            return [data]
         if self.restrictions is not None:
             denial = self.restrictions.http_denial(path, env)
             if denial is not None:
