@@ -159,9 +159,17 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
     _model(tmp_path, "bucketed", IO + 'model_metrics { metric_control [ { metric_identifier { '
            'family: "nv_inference_first_response_histogram_ms" } histogram_options { '
            'buckets: [ 3, 70 ] } } ] }', IDENTITY)
+    _model(tmp_path, "plain", IO, IDENTITY)
+    (tmp_path / "tagged_ensemble" / "1").mkdir(parents=True)
+    (tmp_path / "tagged_ensemble" / "config.pbtxt").write_text(  # ensembles are audited too
+        'name: "tagged_ensemble" platform: "ensemble" ' + IO + 'metric_tags { key: "team" '
+        'value: "search" } ensemble_scheduling { step [ { model_name: "plain" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" '
+        'value: "OUTPUT0" } } ] }')
     with serve(tmp_path, "--metrics-config", "histogram_latencies=true") as server:
         client = httpclient.InferenceServerClient(server.url)
         reasons = {m["name"]: m.get("reason", "") for m in client.get_model_repository_index()}
+        assert "configuration field 'metric_tags' is not supported" in reasons["tagged_ensemble"]
         assert "configuration field 'model_warmup' is not supported" in reasons["warm"]
         assert "configuration field 'instance_group.rate_limiter' is not supported" in reasons["limited"]
 

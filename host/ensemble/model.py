@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from host import config_support
 from host.ensemble.plan import ConfigLookup, Plan, build_plan
 from host.ensemble.scheduler import EnsembleScheduler, StepRunner
 from host.model import READY, ModelVersion
@@ -20,6 +21,7 @@ class EnsembleVersion(ModelVersion):
 
     def load(self, backend: object = None) -> None:
         """Check the steps against the loaded composing models, then serve."""
+        config_support.check(self.config)  # an ensemble ignores no field silently either
         self.plan = plan = build_plan(self.config, self.lookup)
         # As Triton, the loaded config says whether the ensemble is decoupled (any step is).
         self.config.model_transaction_policy.decoupled = plan.decoupled
