@@ -239,6 +239,18 @@ def test_a_tiny_temperature_does_not_kill_the_manager(server):
     assert urllib.request.urlopen(f"{server.http_url}/v2/models/{MODEL}/ready").status == 200
 
 
+@pytest.mark.parametrize("name, value", [("temperature", math.nan), ("temperature", math.inf),
+                                         ("stop", "[bad"), ("runtime_top_k", -1),
+                                         ("max_tokens", "many")])
+def test_bad_parameters_over_http_generate_are_400_naming_them(server, name, value):
+    status, raw = post(server, f"/v2/models/{MODEL}/generate",
+                       {"text_input": "Hello", "max_tokens": 2, name: value})
+    assert status == 400, raw
+    assert name.replace("runtime_", "") in str(raw), raw
+    status, raw = post(server, f"/v2/models/{MODEL}/generate", {"text_input": "Hi", "max_tokens": 2})
+    assert status == 200, raw
+
+
 @pytest.mark.parametrize("name, value", [("temperature", math.nan), ("temperature", -1.0),
                                          ("runtime_top_p", 2.0), ("runtime_top_k", -5),
                                          ("repetition_penalty", 0.0), ("max_tokens", 0),

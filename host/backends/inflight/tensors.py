@@ -116,7 +116,15 @@ class _Source:
             if values is None:
                 return []
             if isinstance(values, str):
-                values = json.loads(values) if values.startswith("[") else ([values] if values else [])
+                if values.startswith("["):
+                    try:
+                        values = json.loads(values)
+                    except ValueError:
+                        raise InvalidArgumentError(
+                            f"parameter '{name}' must be a string or a JSON list of strings, got "
+                            f"{values[:64]!r}") from None
+                else:
+                    values = [values] if values else []
         out = []
         for v in values if isinstance(values, list) else [values]:
             if isinstance(v, bytes):
