@@ -247,6 +247,21 @@ def test_log_probs_and_logits(model):
     np.testing.assert_allclose(out["cum_log_probs"].reshape(-1), [sum(expected)], rtol=1e-5)
 
 
+def test_context_logits_cover_the_whole_prompt_when_its_blocks_are_reusable(model):
+    prompt = list(range(1, 12))  # more than two blocks of 4 tokens
+    q = RequestQueue()
+    manager = q.start(model, kv_cache_config=KVCacheConfig(max_tokens=1024, tokens_per_block=4,
+                                                           enable_block_reuse=True))
+    q.submit(GenerationRequest(1, prompt, 2))
+    q.result(1)  # its prompt's blocks are now registered for reuse
+    q.submit(GenerationRequest(2, prompt, 2, return_context_logits=True))
+    (out,) = q.result(2).responses
+    manager.shutdown()
+    reference = model.reference_logits(prompt).float().numpy()
+    assert out["context_logits"].shape[:2] == (1, len(prompt))
+    np.testing.assert_allclose(out["context_logits"], reference[None], rtol=1e-5, atol=1e-5)
+
+
 def test_logits_post_processor(model):
     seen = []
 

@@ -146,7 +146,10 @@ class Scheduler:
             if width > 1 and beam_reserved + worst > cache.num_blocks:
                 break  # beams never pause: their worst cases must fit together
             beam_reserved += worst if width > 1 else 0
-            blocks, hashes = cache.match_prefix(seq.tokens)
+            # A request that returns its context logits computes its whole prompt: reused
+            # blocks hold keys and values but no logits, so its tensor would lack their rows.
+            blocks, hashes = (([], []) if seq.request.return_context_logits
+                              else cache.match_prefix(seq.tokens))
             seq.block_table, seq.block_hashes = blocks, hashes
             seq.num_cached = len(blocks) * cache.tokens_per_block
             n = self._chunk(seq, budget)
