@@ -185,6 +185,41 @@ def test_idle_and_slow_clients_do_not_lock_out_a_good_one(server):
             sock.close()
 
 
+def test_slow_bodies_in_every_slot_do_not_lock_out_a_good_client():
+    """Every connection slot held by a client trickling a large body (each fast enough for
+    BODY_MIN_RATE, so none is cut off for hours): a new client still gets its answer, as the
+    slowest body's connection is closed to make room."""
+    from host.http import server as http_server
+
+    def app(env, start_response):
+        data = env["wsgi.input"].read(int(env.get("CONTENT_LENGTH") or 0))
+        start_response("200 OK", [("Content-Length", str(len(data)))])
+        return [data]
+
+    served = http_server.serve(app, "127.0.0.1", 0, max_connections=8)
+    slow = []
+    try:
+        for _ in range(8):
+            sock = socket.create_connection(("127.0.0.1", served.port), timeout=20)
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + b"x" * 100)
+            slow.append(sock)
+        time.sleep(1.5)  # each body has now arrived for over a second, far below the eviction rate
+        for sock in slow:
+            sock.sendall(b"x" * 100)
+        with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+            answer = b""
+            while not answer.endswith(b"abc"):
+                chunk = sock.recv(4096)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in slow:
+            sock.close()
+        served.shutdown(timeout=2)
+
+
 def test_a_body_that_trickles_in_is_cut_off(monkeypatch):
     """R-U-Dead-Yet: a client that sends its body a byte at a time is answered 408 once its
     average rate falls below the minimum after the grace period (made short here)."""

@@ -42,6 +42,11 @@ HEADER_SECONDS = 30.0  # from a request's first byte to the end of its head
 # (a client that trickles its body would otherwise hold its connection's thread for ever).
 BODY_GRACE_SECONDS = 30.0
 BODY_MIN_RATE = 1024
+# When every connection slot is held and none is idle, a connection whose body has been arriving
+# for at least a second at under this rate is closed to make room: slow senders, however many,
+# cannot lock out a client that has a request to make (BODY_MIN_RATE alone lets a large body
+# hold its slot for hours).
+EVICTABLE_BODY_RATE = 64 * 1024
 # environ key: a callable that says whether the client has closed its connection (under another
 # WSGI server it is absent: handlers treat that as "still there")
 CLIENT_GONE = "modelhost.client_gone"
@@ -144,6 +149,14 @@ class _Body:
             data, self._buf = data[:want], data[want:]
         return data
 
+    def slow_rate(self, now: float) -> float | None:
+        """This body's average rate when it is still arriving, for a second at least, slower
+        than EVICTABLE_BODY_RATE; None otherwise."""
+        if self._done or not self._started or now - self._started < 1.0:
+            return None
+        rate = self._received / (now - self._started)
+        return rate if rate < EVICTABLE_BODY_RATE else None
+
     def progress(self, count: int) -> None:
         """`count` more body bytes arrived; refuse a body that comes too slowly."""
         self._received += count
@@ -187,7 +200,7 @@ _default_parse = head_parser()
 
 
 class _Connection:
-    __slots__ = ("sock", "pending", "server_addr", "client_addr", "parse")
+    __slots__ = ("sock", "pending", "server_addr", "client_addr", "parse", "body")
 
     def __init__(self, sock: socket.socket, server_addr: tuple, client_addr: tuple,
                  parse: Callable = _default_parse) -> None:
@@ -196,6 +209,7 @@ class _Connection:
         self.pending = b""  # received, not yet consumed
         self.server_addr = server_addr
         self.client_addr = client_addr
+        self.body: _Body | None = None  # the body of the request being handled
 
     def send(self, data: bytes) -> None:
         try:
@@ -307,7 +321,8 @@ class HTTPServer:
         self.max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
-        self._connections: dict[socket.socket, bool] = {}  # socket -> busy with a request
+        # socket -> False when idle; its _Connection (or True once chosen for closing) when busy
+        self._connections: dict[socket.socket, bool | _Connection] = {}
         self._stopping = threading.Event()
         self._accepting = 0
         self._stopped = threading.Event()
@@ -373,13 +388,16 @@ class HTTPServer:
 
     def _take_slot(self) -> bool:
         """A connection slot for a new client. When every slot is held, the connection idle the
-        longest (between requests, or still sending its headers) is closed to make room: idle
-        clients, however many, cannot lock out one that has a request to make."""
+        longest (between requests, or still sending its headers) is closed to make room, else
+        the one whose body arrives the slowest (EVICTABLE_BODY_RATE): idle and slow clients,
+        however many, cannot lock out one that has a request to make."""
         if self._slots.acquire(blocking=False):
             return True
         for _ in range(3):
             with self._lock:
                 idle = next((s for s, busy in self._connections.items() if not busy), None)
+                if idle is None:
+                    idle = self._slowest_body()
                 if idle is None:
                     return False
                 self._connections[idle] = True  # not chosen twice; its thread removes it
@@ -387,6 +405,16 @@ class HTTPServer:
             if self._slots.acquire(timeout=1.0):
                 return True
         return False
+
+    def _slowest_body(self) -> socket.socket | None:
+        """The connection whose request body arrives the slowest, if one is slow (under _lock)."""
+        now, slowest, lowest = time.monotonic(), None, float("inf")
+        for sock, conn in self._connections.items():
+            body = getattr(conn, "body", None)
+            rate = body.slow_rate(now) if body is not None else None
+            if rate is not None and rate < lowest:
+                slowest, lowest = sock, rate
+        return slowest
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop accepting, let requests in progress finish (up to `timeout`), close idle connections."""
@@ -439,7 +467,7 @@ class HTTPServer:
                 if env is None:
                     return
                 with self._lock:
-                    self._connections[sock] = True
+                    self._connections[sock] = conn  # busy (true), and its body can be looked at
                 try:
                     keep_alive = self._handle(conn, env)
                 except _BadRequest as exc:
@@ -451,6 +479,7 @@ class HTTPServer:
                                        client[0])
                     return
                 finally:
+                    conn.body = None
                     with self._lock:
                         self._connections[sock] = False
                 if not keep_alive:
@@ -502,7 +531,7 @@ class HTTPServer:
             if length < 0:
                 raise _BadRequest("invalid Content-Length")
         expect = env.get("HTTP_EXPECT", "").lower() == "100-continue"
-        body = _Body(conn, length, chunked, expect)
+        body = conn.body = _Body(conn, length, chunked, expect)
         env["wsgi.input"] = body
         env[CLIENT_GONE] = functools.partial(_peer_closed, conn.sock)
 
