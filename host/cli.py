@@ -293,8 +293,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 def _pattern(text: str) -> str:
     import re
 
+    from host.headers import compile_pattern
+
     try:
-        re.compile(text)
+        compile_pattern(text)
     except re.error as exc:
         raise SystemExit(f"modelhost: invalid header forward pattern '{text}': {exc}") from None
     return text

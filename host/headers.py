@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from host.errors import InvalidArgumentError
 from host.inference import InferenceRequest
 
-__all__ = ["RESERVED_KEYS", "HeaderForwarder", "forwarder", "wsgi_headers"]
+__all__ = ["RESERVED_KEYS", "HeaderForwarder", "compile_pattern", "forwarder", "wsgi_headers"]
 
 # Triton's kReservedParameterKeys (src/common.h)
 RESERVED_KEYS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
@@ -36,7 +36,7 @@ class HeaderForwarder:
     def __init__(self, pattern: str, trace_context: bool = False) -> None:
         self.pattern = pattern
         self.trace_context = trace_context
-        self._regex = re.compile(pattern) if pattern else None
+        self._regex = compile_pattern(pattern) if pattern else None
 
     def apply(self, request: InferenceRequest, headers: Iterable[tuple[str, Any]]) -> None:
         search = self._regex.search if self._regex is not None else None
@@ -53,6 +53,16 @@ class HeaderForwarder:
             if isinstance(value, bytes):  # binary gRPC metadata ("-bin" keys)
                 value = value.decode("utf-8", "replace")
             request.parameters[key] = value
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A forward pattern as Triton applies it: without regard to case (Triton puts RE2's `(?i)`
+    before it), unless it starts with `(?-i)`, RE2's way to turn that off again (which Python's
+    `re` spells as a scoped group, so the prefix is taken off and the case kept here).
+    Raises re.error for a pattern that does not compile."""
+    if pattern.startswith("(?-i)"):
+        return re.compile(pattern[len("(?-i)"):])
+    return re.compile(pattern, re.IGNORECASE)
 
 
 def forwarder(pattern: str, trace_context: bool = False) -> HeaderForwarder | None:

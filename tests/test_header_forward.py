@@ -26,8 +26,9 @@ MODELS = Path(__file__).resolve().parent / "obs_models"
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo",
-               "--http-header-forward-pattern", "^x-fwd|priority",
-               "--grpc-header-forward-pattern", "fwd|triton") as process:
+               # upper case: Triton matches without regard to case
+               "--http-header-forward-pattern", "^X-FWD|Priority",
+               "--grpc-header-forward-pattern", "FWD|triton") as process:
         yield process
 
 
@@ -86,3 +87,18 @@ def test_no_pattern_no_forwarding(tmp_path):
     with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo") as process:
         client = httpclient.InferenceServerClient(process.url)
         assert _params(httpclient, client, {"X-Fwd-User": "alice", "priority": "1"}) == {}
+
+
+def test_patterns_ignore_case_unless_told_not_to():
+    from host.headers import compile_pattern
+
+    assert compile_pattern("MY_HEADER.*").search("my_header_1")
+    assert compile_pattern("(?-i)MY_HEADER.*").search("MY_HEADER_1")
+    assert not compile_pattern("(?-i)MY_HEADER.*").search("my_header_1")
+
+
+def test_a_case_sensitive_pattern_is_accepted_at_start(tmp_path):
+    with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo",
+               "--grpc-header-forward-pattern", "(?-i)^x-fwd") as process:
+        client = grpcclient.InferenceServerClient(process.grpc_url)
+        assert _params(grpcclient, client, {"x-fwd-a": "1"}) == {"x-fwd-a": "1"}
