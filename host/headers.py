@@ -3,11 +3,11 @@ become string parameters of the inference request, as Triton's --http-header-for
 --grpc-header-forward-pattern do.
 
 The rule is Triton's: a header matches when the pattern is found anywhere in its name (RE2
-PartialMatch, here `re.search`); a matching header named like a reserved parameter, or starting
-with `triton_`, fails the request with INVALID_ARG. Both front ends call `HeaderForwarder.apply`
-with the header names as the transport gives them: gRPC metadata keys are lower case; HTTP header
-names arrive through WSGI, where they are case-insensitive, and are given in lower case with
-dashes (`X-My-Header` -> `x-my-header`).
+PartialMatch with `(?i)` in front, here `re.search` without regard to case); a matching header
+named like a reserved parameter, or starting with `triton_`, fails the request with INVALID_ARG.
+Both front ends call `HeaderForwarder.apply` with lower-case names: gRPC metadata keys are lower
+case; over HTTP a server that forwards keeps every header line as sent (RAW_HEADERS, names with
+underscores included, values with their trailing blanks, as Triton forwards them).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ __all__ = ["RESERVED_KEYS", "HeaderForwarder", "compile_pattern", "forwarder", "
 RESERVED_KEYS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                            "headers", "binary_data_output"))
 
+
+# WSGI environ key: the request's headers as sent, [(name, value)] in bytes (host.http.h1c)
+RAW_HEADERS = "modelhost.raw_headers"
 
 TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")  # W3C trace context (OpenTelemetry)
 
@@ -73,7 +76,14 @@ def forwarder(pattern: str, trace_context: bool = False) -> HeaderForwarder | No
 
 
 def wsgi_headers(env: dict[str, Any]) -> Iterable[tuple[str, str]]:
-    """The request headers of a WSGI environ as (lower-case name with dashes, value)."""
+    """The request headers of a WSGI environ as (lower-case name, value): as the client sent
+    them where the server kept them (host.http.h1c.RAW_HEADERS: names with underscores too),
+    else from the environ's HTTP_ keys (dashes for underscores)."""
+    raw = env.get(RAW_HEADERS)
+    if raw is not None:
+        for name, value in raw:
+            yield name.decode("latin-1").lower(), value.decode("latin-1")
+        return
     for key, value in env.items():
         if key.startswith("HTTP_"):
             yield key[5:].lower().replace("_", "-"), value

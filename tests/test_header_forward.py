@@ -27,7 +27,7 @@ MODELS = Path(__file__).resolve().parent / "obs_models"
 def server() -> Iterator[ServerProcess]:
     with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo",
                # upper case: Triton matches without regard to case
-               "--http-header-forward-pattern", "^X-FWD|Priority",
+               "--http-header-forward-pattern", "^X-FWD|Priority|MY_HEADER|sequence_",
                "--grpc-header-forward-pattern", "FWD|triton") as process:
         yield process
 
@@ -45,6 +45,18 @@ def test_http_matching_headers_become_parameters(server):
                      {"mine": 1})
     # header names as HTTP leaves them: case-insensitive, given in lower case; values are strings
     assert params == {"mine": 1, "x-fwd-user": "alice", "x-fwd-n": "7"}
+
+
+def test_http_header_names_with_underscores_are_forwarded_and_checked(server):
+    """WSGI drops header names with underscores; Triton forwards them (its L0_parameters test)."""
+    client = httpclient.InferenceServerClient(server.url)
+    params = _params(httpclient, client, {"my_header_1": "v1", "my_header_3": 'a "quoted" \\ '})
+    assert params == {"my_header_1": "v1", "my_header_3": 'a "quoted" \\ '}
+    with pytest.raises(InferenceServerException) as info:
+        _params(httpclient, client, {"sequence_id": "dummy-value"})
+    assert info.value.status() == "400"
+    assert info.value.message() == \
+        "Header 'sequence_id' is reserved for Triton usage and cannot be forwarded."
 
 
 def test_grpc_matching_metadata_become_parameters(server):

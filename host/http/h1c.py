@@ -14,7 +14,9 @@ from typing import Callable
 
 from gunicorn_h1c import IncompleteError, ParseError, parse_request, parse_to_wsgi_environ
 
-__all__ = ["IncompleteError", "ParseError", "Limits", "head_parser"]
+from host.headers import RAW_HEADERS
+
+__all__ = ["IncompleteError", "ParseError", "Limits", "RAW_HEADERS", "head_parser"]
 
 _PRIVATE_CONSUMED = "_consumed"
 
@@ -40,10 +42,25 @@ class Limits:
         return out
 
 
-def head_parser(limits: Limits | None = None) -> Callable[[bytes, tuple, tuple], tuple[dict, int]]:
+
+
+def head_parser(limits: Limits | None = None,
+                raw_headers: bool = False) -> Callable[[bytes, tuple, tuple], tuple[dict, int]]:
     """`parse(data, server_addr, client_addr) -> (environ, head_length)`; raises IncompleteError
-    while the head is not all there, ParseError (its subclasses name the limit) when it is bad."""
+    while the head is not all there, ParseError (its subclasses name the limit) when it is bad.
+
+    With `raw_headers` the environ also holds every header as sent (RAW_HEADERS): the WSGI
+    environ leaves out names with underscores (`my_header`), which header forwarding must see
+    as Triton does. It costs a second parse, so only a server that forwards headers asks."""
     kwargs = limits.kwargs() if limits is not None else {}
+    if raw_headers:
+        plain = head_parser(limits)
+
+        def parse_raw(data: bytes, server: tuple, client: tuple) -> tuple[dict, int]:
+            env, consumed = plain(data, server, client)
+            env[RAW_HEADERS] = _header_lines(data[:consumed])
+            return env, consumed
+        return parse_raw
 
     if kwargs:
         def parse(data: bytes, server: tuple, client: tuple) -> tuple[dict, int]:
@@ -60,3 +77,15 @@ def head_parser(limits: Limits | None = None) -> Callable[[bytes, tuple, tuple],
                 consumed = parse_request(data)["consumed"]
             return env, consumed
     return parse
+
+
+def _header_lines(head: bytes) -> list[tuple[bytes, bytes]]:
+    """(name, value) of each header line of a head the parser accepted. The value keeps its
+    trailing blanks, which the parser trims but Triton forwards (its L0_parameters test)."""
+    out = []
+    for line in head.split(b"\n")[1:]:
+        line = line.removesuffix(b"\r")
+        if line:
+            name, _, value = line.partition(b":")
+            out.append((name, value.lstrip(b" \t")))
+    return out

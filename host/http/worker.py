@@ -77,7 +77,8 @@ class ConnectionWorker(Worker):
                             keepalive_timeout=idle,
                             ssl_context=tls.http_context(options) if options is not None else None)
         server.parse_head = head_parser(Limits(self.cfg.limit_request_line, self.cfg.limit_request_fields,
-                                               self.cfg.limit_request_field_size))
+                                               self.cfg.limit_request_field_size),
+                                        raw_headers=bool(getattr(options, "http_header_forward_pattern", "")))
         accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
         accept.start()
         parent = self.ppid
