@@ -33,8 +33,12 @@ from host.trace import TraceManager
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "generate", "trace", "logging"]
+# Server metadata's extensions, in Triton's order (core server.cc); the shared-memory ones go
+# between the two halves when client shared memory is on (host.shm).
+EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+              "schedule_policy", "model_configuration"]
+EXTENSIONS_AFTER_SHM = ["binary_tensor_data", "parameters", "statistics", "generate", "trace",
+                        "logging"]
 
 
 class Host:
@@ -146,7 +150,7 @@ class Host:
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.options.server_id or SERVER_NAME, "version": __version__,
-                "extensions": EXTENSIONS + self.shm.extensions()}
+                "extensions": EXTENSIONS + self.shm.extensions() + EXTENSIONS_AFTER_SHM}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

@@ -142,6 +142,18 @@ class TritonCollector:
         if latency is not None and latency.any:
             yield from _latency_families(loaded.values(), latency)
         yield from _model_families(loaded.values())
+        yield from _pinned_memory(getattr(self.host, "options", None))
+
+
+def _pinned_memory(options: Any) -> Iterator[Metric]:
+    """Triton's pinned-memory pool gauges. The total is the pool size asked for
+    (--pinned-memory-pool-byte-size), as Triton reports it; modelhost stages no tensors in pinned
+    memory (its CPU tensors are used where they lie), so nothing of it is ever in use."""
+    total = getattr(options, "pinned_memory_pool_byte_size", 256 * 1024 * 1024)
+    yield GaugeMetricFamily("nv_pinned_memory_pool_total_bytes",
+                            "Pinned memory pool total memory size, in bytes", value=total)
+    yield GaugeMetricFamily("nv_pinned_memory_pool_used_bytes",
+                            "Pinned memory pool used memory size, in bytes", value=0)
 
 
 def _gauges(loaded: Iterable[Any]) -> Iterator[Metric]:

@@ -43,6 +43,7 @@ CACHE_FAMILIES = ["nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"
 REASONS = ["REJECTED", "CANCELED", "BACKEND", "OTHER"]
 # Gauges: per model, and of the machine (tests/test_observability_metrics.py checks their values).
 GAUGE_FAMILIES = ["nv_inference_pending_request_count", "nv_model_load_duration_secs"]
+PINNED_FAMILIES = ["nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes"]  # server-wide
 CPU_FAMILIES = ["nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"]
 
 
@@ -137,8 +138,8 @@ def test_families_have_tritons_names_types_and_labels(stack):
     samples = [line.split("{")[0].split(" ")[0] for line in text.splitlines()
                if line and not line.startswith("#")]
     assert set(samples) == (set(INFERENCE_FAMILIES) | set(GAUGE_FAMILIES) | set(CPU_FAMILIES)
-                            | (set(CACHE_FAMILIES) if cached else set()))
-    for name in GAUGE_FAMILIES + CPU_FAMILIES:
+                            | set(PINNED_FAMILIES) | (set(CACHE_FAMILIES) if cached else set()))
+    for name in GAUGE_FAMILIES + CPU_FAMILIES + PINNED_FAMILIES:
         assert families[name].type == "gauge", name
     assert "_total " not in text and "_total{" not in text
 

@@ -86,6 +86,15 @@ def test_cpu_utilization_and_memory(server):
     wait_until(lambda: 0 < sample(scrape(server), "nv_cpu_utilization") <= 1, timeout=10)
 
 
+def test_pinned_memory_pool_gauges(server, tmp_path):
+    families = scrape(server)
+    assert sample(families, "nv_pinned_memory_pool_total_bytes") == 2**28  # Triton's default
+    assert sample(families, "nv_pinned_memory_pool_used_bytes") == 0
+    with serve(MODELS, "--model-control-mode", "explicit",
+               "--pinned-memory-pool-byte-size", "1024") as process:
+        assert sample(scrape(process), "nv_pinned_memory_pool_total_bytes") == 1024
+
+
 def test_pending_request_count(server):
     families = scrape(server)
     assert families["nv_inference_pending_request_count"].type == "gauge"

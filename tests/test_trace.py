@@ -188,7 +188,8 @@ def test_grpc_errors_and_unknown_model(traced):
 def test_trace_off_by_default_and_extensions_listed(tmp_path):
     with serve(MODELS, "--model-control-mode", "explicit", "--load-model", "echo") as server:
         client = httpclient.InferenceServerClient(server.url)
-        assert {"trace", "logging"} <= set(client.get_server_metadata()["extensions"])
+        assert {"trace", "logging", "classification", "sequence", "schedule_policy"} <= set(
+            client.get_server_metadata()["extensions"])
         assert client.get_trace_settings() == {
             "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
             "trace_file": "", "trace_mode": "triton"}
