@@ -1,5 +1,5 @@
 """OpenTelemetry export of finished traces (OTLP over HTTP, protobuf), as Triton's opentelemetry
-trace mode. Imported only in that mode: the SDK is the optional `modelhost[trace]` extra."""
+trace mode. Imported only in that mode: the SDK is the optional `trace` extra (`pip install '.[trace]'` from the checkout)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ class OtelExporter:
         except ImportError as exc:
             raise UnsupportedError(
                 f"--trace-config mode=opentelemetry needs the OpenTelemetry SDK and OTLP exporter "
-                f"(pip install 'modelhost[trace]'): {exc}") from None
+                f"(pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http, or "
+                f"from modelhost's checkout: pip install '.[trace]'): {exc}") from None
         url, attributes, bsp = DEFAULT_OTEL_URL, {"service.name": DEFAULT_SERVICE_NAME}, {}
         for key, value in options:
             if key == "url":
