@@ -2,9 +2,9 @@
 
 Registering maps the region once; a request acquires its regions by name and releases them when
 its final response is out. Unregistering a region that requests still use only marks it: it
-stays listed (and its name taken) until the last of them finishes, as in Triton, while new
-requests can no longer name it. The request keeps the region object (and so the mapping) either
-way, so its memory stays valid until it finishes.
+stays listed (and its name taken) until the last of them finishes, and new requests may still
+name it meanwhile, both as in Triton. The request keeps the region object (and so the mapping)
+either way, so its memory stays valid until it finishes.
 
 The texts and codes are those of Triton's server (src/shared_memory_manager.cc, src/common.cc).
 """
