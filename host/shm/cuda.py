@@ -1,8 +1,9 @@
 """CUDA shared-memory regions: a client's device allocation, opened from its cudaIpcMemHandle_t.
 
-cupy is the CUDA binding (optional: `pip install ".[cuda]"` from the checkout, or `pip install cupy-cuda12x`). Without it, or without a
-device, the extension reports itself unavailable with the reason, and only registering fails:
-status and unregister still answer, because clients call them unconditionally.
+cupy is the CUDA binding (optional: `pip install ".[cuda]"` from the checkout, or `pip install
+cupy-cuda12x`). Without it, or without a device, the extension reports itself unavailable with
+the reason, and only registering fails: status and unregister still answer, because clients call
+them unconditionally.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """OpenTelemetry export of finished traces (OTLP over HTTP, protobuf), as Triton's opentelemetry
-trace mode. Imported only in that mode: the SDK is the optional `trace` extra (`pip install '.[trace]'` from the checkout)."""
+trace mode. Imported only in that mode: the SDK is the optional `trace` extra
+(`pip install '.[trace]'` from the checkout)."""
 
 from __future__ import annotations
 
