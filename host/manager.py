@@ -6,6 +6,7 @@ Repository actions are serialized by one lock; the request path only reads `self
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
@@ -13,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from host import config as config_mod
 from host import overrides, paths, repository, supervise
@@ -91,6 +92,11 @@ class ModelManager:
         self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
         self._deps = Dependencies(self)  # ensembles and their composing models
         self._pass: set[str] | None = None  # models loaded by the running load_all
+        # Finishers of versions a reload replaced, waited for (a bounded time) only once the
+        # repository lock is released: a replaced version stuck in execute must not hold up the
+        # index, loads or polling of other models.
+        self._replaced: list[threading.Thread] = []
+        self._local = threading.local()  # .loading: this thread is inside _locked()
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
@@ -183,7 +189,7 @@ class ModelManager:
 
     def load_all(self, names: list[str] | None = None) -> dict[str, str]:
         """Load every model (or `names`); returns the errors by model name, loads the rest."""
-        with self._lock:
+        with self._locked():
             scan_errors = self._refresh_locations()
             wanted = sorted(self._models) if names is None or "*" in names else names
             errors: dict[str, str] = {}
@@ -242,6 +248,28 @@ class ModelManager:
         for those, so that `unload_dependents` may unload them again); a model that loaded
         brings back the ensembles that went down with it, and re-checks those that use it.
         """
+        with self._locked():
+            self._load_locked(name, config_json, override_dir, explicit)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The repository lock, for loads. The outermost holder (a load, load_all or poll, not
+        a load nested in them) then waits, a bounded time and after releasing the lock, for the
+        versions its reloads replaced: one stuck in execute holds up nothing else."""
+        outer = not getattr(self._local, "loading", False)
+        self._local.loading = True
+        try:
+            with self._lock:
+                yield
+        finally:
+            if outer:
+                self._local.loading = False
+                with self._lock:
+                    waits, self._replaced = self._replaced, []
+                self._wait_unloaded(waits)
+
+    def _load_locked(self, name: str, config_json: str | dict | None, override_dir: Path | None,
+                     explicit: bool) -> None:
         with self._lock:
             old = self._models.get(name)
             previous = old.override_dir if old is not None else None
@@ -333,8 +361,8 @@ class ModelManager:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
         entry.versions = new
-        self._wait_unloaded([self._unload_version(mv) for version, mv in old_versions.items()
-                             if new.get(version) is not mv])
+        self._replaced.extend(self._unload_version(mv) for version, mv in old_versions.items()
+                              if new.get(version) is not mv)
         if entry.failed:
             # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
             raise InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
@@ -486,7 +514,7 @@ class ModelManager:
     # --- poll mode -----------------------------------------------------------------------------
     def poll(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
-        with self._lock:
+        with self._locked():
             locations, _ = repository.scan(self.roots)
             for name in list(self._models):
                 if name not in locations:

@@ -241,3 +241,34 @@ def test_a_stuck_instance_freezes_nothing_else(tmp_path):
         assert holder.result(30) == 7.0  # the request in flight still finished
         wait_until(lambda: {r["name"]: r for r in client.get_model_repository_index()}
                    ["stuck"].get("state") != "UNLOADING", timeout=20)
+
+
+@pytest.mark.modelhost_only
+def test_reloading_a_stuck_model_freezes_nothing_else(tmp_path):
+    """A reload replaces a version whose request is stuck in execute: the reload waits for it
+    (bounded by --exit-timeout-secs), and meanwhile the index, loads and other models answer."""
+    stuck = _gated(tmp_path, "stuck", "")
+    write_identity(tmp_path, "other")
+    write_identity(tmp_path, "later")
+    with serve(tmp_path, "--model-control-mode", "explicit", "--load-model", "stuck",
+               "--load-model", "other", "--exit-timeout-secs", "120") as server, \
+            concurrent.futures.ThreadPoolExecutor(4) as pool:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=300)
+        (stuck / "gate").touch()
+        holder = pool.submit(_send, httpclient.InferenceServerClient(server.url, network_timeout=300),
+                             "stuck", 7.0)
+        time.sleep(0.5)
+        reload = pool.submit(httpclient.InferenceServerClient(server.url, network_timeout=300)
+                             .load_model, "stuck")
+        time.sleep(2.0)  # the new version loads; the reload then waits for the stuck one
+        rows = {r["name"]: r for r in client.get_model_repository_index()}
+        client.load_model("later")
+        x = httpclient.InferInput("INPUT0", [1], "FP32")
+        x.set_data_from_numpy(np.array([3.0], np.float32))
+        assert client.infer("other", [x]).as_numpy("OUTPUT0").tolist() == [3.0]
+        # all of that answered while the reload still waited for the stuck request
+        assert not reload.done() and not holder.done(), rows
+        (stuck / "gate").unlink()
+        assert holder.result(60) == 7.0
+        reload.result(60)
+        assert client.is_model_ready("stuck")
