@@ -4,7 +4,8 @@
   `time`, `level`, `logger`, `message`, `pid`, the request fields below on a request's line, and
   `exc` with a traceback.
 - `--log-verbose 1` adds a line per HTTP request (`RequestLog`, a WSGI middleware) and per gRPC
-  call (host.grpc.server), each with its request id: the client's `X-Request-ID` header or gRPC
+  call (`GrpcCallLog`, from host.grpc.server; a stream's line when it ends), each as it ends,
+  with its status, duration, peer and request id: the client's `X-Request-ID` header or gRPC
   metadata `x-request-id` when given, else a fresh one.
 """
 
@@ -81,17 +82,33 @@ class RequestLog:
                        "peer": environ.get("REMOTE_ADDR")})
 
 
-def log_grpc_call(method: str, metadata: Any, peer: Any) -> None:
-    """One debug line for a gRPC call as it arrives (host.grpc.server calls it at --log-verbose)."""
-    request_id = None
-    for key, value in metadata or ():
-        if key == "x-request-id":
-            request_id = value.decode() if isinstance(value, bytes) else value
-    request_id = request_id or new_request_id()
-    peer_text = peer.decode() if isinstance(peer, bytes) else str(peer)
-    _REQUEST_LOG.debug("gRPC %s (request id %s, peer %s)", method, request_id, peer_text,
-                       extra={"request_id": request_id, "method": "gRPC", "path": method,
-                              "peer": peer_text})
+class GrpcCallLog:
+    """One debug line for a gRPC call when it ends (host.grpc.server makes one per call, only at
+    --log-verbose): method, status code name, duration, request id and peer, as `RequestLog`'s.
+
+    The request id is the client's `x-request-id` metadata when it sent one, else a new one.
+    """
+
+    __slots__ = ("method", "request_id", "peer", "started")
+
+    def __init__(self, method: str, metadata: Any, peer: Any) -> None:
+        self.started = time.perf_counter()
+        self.method = method
+        request_id = None
+        for key, value in metadata or ():
+            if key == "x-request-id":
+                request_id = value.decode() if isinstance(value, bytes) else value
+        self.request_id = request_id or new_request_id()
+        self.peer = peer.decode(errors="replace") if isinstance(peer, bytes) else str(peer)
+
+    def done(self, status: str) -> None:
+        """The call ended with `status`, a gRPC status code's name (OK, NOT_FOUND, CANCELLED...)."""
+        duration = (time.perf_counter() - self.started) * 1000
+        _REQUEST_LOG.debug(
+            "gRPC %s -> %s in %.2f ms (request id %s, peer %s)",
+            self.method, status, duration, self.request_id, self.peer,
+            extra={"request_id": self.request_id, "method": "gRPC", "path": self.method,
+                   "status": status, "duration_ms": round(duration, 3), "peer": self.peer})
 
 
 def flush() -> None:

@@ -1,6 +1,6 @@
 """Start-up of a real `modelhost serve`: failures are one line and a non-zero exit (no traceback,
 no worker restart), the ready summary lists models and endpoints, an empty repository is warned
-about, JSON logs carry request ids, --log-verbose logs each request."""
+about, JSON logs carry request ids, --log-verbose logs each request (HTTP and gRPC) as it ends."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from host.testing import free_port, serve
 
@@ -122,14 +124,30 @@ def test_empty_repository_is_warned_about(tmp_path):
     assert any(_WARNING_LINE.search(line) and "holds no models" in line for line in log.splitlines())
 
 
+def _grpc_calls(server) -> None:
+    """A gRPC call that succeeds, one that fails (unknown model) and a stream, each with an id."""
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.is_server_ready(headers={"x-request-id": "grpc-7"})
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        grpc.get_model_metadata("nope", headers={"x-request-id": "grpc-404"})
+    tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.ones(4, dtype="float32"))
+    results: list = []
+    grpc.start_stream(callback=lambda result, error: results.append((result, error)),
+                      headers={"x-request-id": "grpc-stream"})
+    grpc.async_stream_infer("identity_fp32", [tensor])
+    grpc.stop_stream()
+    assert len(results) == 1 and results[0][1] is None
+    grpc.close()
+
+
 def test_json_logs_with_request_ids(tmp_path):
     with serve(_repository(tmp_path), "--log-format", "json", "--log-verbose", "1") as server:
         client = httpclient.InferenceServerClient(server.url)
         tensor = httpclient.InferInput("INPUT0", [4], "FP32")
-        tensor.set_data_from_numpy(__import__("numpy").ones(4, dtype="float32"))
+        tensor.set_data_from_numpy(np.ones(4, dtype="float32"))
         client.infer("identity_fp32", [tensor], headers={"X-Request-ID": "abc-123"})
-        grpc = grpcclient.InferenceServerClient(server.grpc_url)
-        grpc.is_server_ready(headers={"x-request-id": "grpc-7"})
+        _grpc_calls(server)
         server.stop()
         lines = [line for line in server.log_text().splitlines() if line.strip()]
     records = [json.loads(line) for line in lines]  # every line is one JSON object
@@ -137,10 +155,35 @@ def test_json_logs_with_request_ids(tmp_path):
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
     infer = [r for r in records if r.get("request_id") == "abc-123"]
     assert infer and infer[0]["path"] == "/v2/models/identity_fp32/infer" and infer[0]["status"] == "200"
-    assert any(r.get("request_id") == "grpc-7" and r["path"].endswith("/ServerReady") for r in records)
+    # gRPC: one line per call as it ends, with its status, like HTTP's
+    service = "/inference.GRPCInferenceService/"
+    for request_id, method, status in [("grpc-7", "ServerReady", "OK"),
+                                       ("grpc-404", "ModelMetadata", "NOT_FOUND"),
+                                       ("grpc-stream", "ModelStreamInfer", "OK")]:
+        [line] = [r for r in records if r.get("request_id") == request_id]
+        assert line["logger"] == "host.request" and line["method"] == "gRPC", line
+        assert line["path"] == service + method and line["status"] == status, line
+        assert isinstance(line["duration_ms"], float) and line["peer"].startswith("ipv4:127.0.0.1:"), line
+        assert line["message"].startswith(f"gRPC {service}{method} -> {status} in "), line
     generated = [r for r in records if r["logger"] == "host.request" and r["request_id"] not in
-                 ("abc-123", "grpc-7")]
+                 ("abc-123", "grpc-7", "grpc-404", "grpc-stream")]
     assert generated and all(len(r["request_id"]) == 16 for r in generated)  # readiness polls
+
+
+def test_verbose_request_lines_in_text_logs(tmp_path):
+    with serve(_repository(tmp_path), "--log-verbose", "1") as server:
+        httpclient.InferenceServerClient(server.url).is_server_live(headers={"X-Request-ID": "h-1"})
+        _grpc_calls(server)
+        server.stop()
+        log = server.log_text()
+    assert re.search(r"HTTP GET /v2/health/live -> 200 in [\d.]+ ms \(request id h-1, peer 127\.0\.0\.1\)", log)
+    service = "/inference.GRPCInferenceService/"
+    for request_id, method, status in [("grpc-7", "ServerReady", "OK"),
+                                       ("grpc-404", "ModelMetadata", "NOT_FOUND"),
+                                       ("grpc-stream", "ModelStreamInfer", "OK")]:
+        pattern = (rf"gRPC {service}{method} -> {status} in [\d.]+ ms "
+                   rf"\(request id {request_id}, peer ipv4:127\.0\.0\.1:\d+\)")
+        assert len(re.findall(pattern, log)) == 1, log  # one line per call, when it ends
 
 
 def test_without_log_verbose_no_request_lines(tmp_path):

@@ -25,6 +25,9 @@ How it runs:
   time, as the core requires, from a per-call queue.
 - Every call watches for its cancellation (client cancel, deadline, disconnect): a unary call
   cancels its request, a stream every request it has in flight.
+- At --log-verbose each call is made a `_LoggedUnaryCall` or `_LoggedStreamCall`, which logs its
+  line (host.logs.GrpcCallLog: status, duration, request id, peer) when the core reports the
+  call closed; otherwise the plain classes run, and the only cost is one check of the level.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from google.protobuf.message import DecodeError  # noqa: E402
 from grpc._cython import cygrpc  # noqa: E402
 
 from host.errors import HostError  # noqa: E402
-from host.logs import log_grpc_call  # noqa: E402
+from host.logs import GrpcCallLog  # noqa: E402
 from host.grpc.servicer import DEFERRED, Servicer  # noqa: E402
 from host.grpc.status import status_code  # noqa: E402
 from host.proto import grpc_service_pb2 as pb  # noqa: E402
@@ -68,6 +71,8 @@ _ReceiveClose = cygrpc.ReceiveCloseOnServerOperation
 _SendMetadata = cygrpc.SendInitialMetadataOperation
 _SendMessage = cygrpc.SendMessageOperation
 _SendStatus = cygrpc.SendStatusFromServerOperation
+# gRPC status code -> its name (OK, INVALID_ARGUMENT...), for the --log-verbose lines
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def _ignore(event: Any) -> None:
@@ -141,12 +146,39 @@ class _UnaryCall:
             data = response.SerializeToString()
         except BaseException as exc:  # noqa: BLE001 - every error is the call's status
             code, details = exc.status if isinstance(exc, _Status) else _error_status(exc)
-            self.call.start_server_batch(
-                (_SendMetadata(None, _NO_FLAGS), _SendStatus(None, code, details, _NO_FLAGS)), _ignore)
+            self._send_error(code, details)
             return
         self.call.start_server_batch(
             (_SendMetadata(None, _NO_FLAGS), _SendMessage(data, _NO_FLAGS),
              _SendStatus(None, _OK, b"", _NO_FLAGS)), _ignore)
+
+    def _send_error(self, code: int, details: bytes) -> None:
+        self.call.start_server_batch(
+            (_SendMetadata(None, _NO_FLAGS), _SendStatus(None, code, details, _NO_FLAGS)), _ignore)
+
+
+class _LoggedUnaryCall(_UnaryCall):
+    """A unary call at --log-verbose: its line (host.logs.GrpcCallLog) when it ends. The call
+    ends when the core reports it closed, after its status went out (or it was cancelled)."""
+
+    __slots__ = ("record", "code")
+
+    def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any],
+                 metadata: Any, record: GrpcCallLog) -> None:
+        self.record = record
+        self.code = _OK  # the status sent; an error's replaces it
+        super().__init__(call, method, parse, metadata)
+
+    def _send_error(self, code: int, details: bytes) -> None:
+        self.code = code
+        super()._send_error(code, details)
+
+    def _on_close(self, event: Any) -> None:
+        try:
+            super()._on_close(event)
+        finally:
+            self.record.done("CANCELLED" if event.batch_operations[0].cancelled()
+                             else _CODE_NAMES.get(self.code, str(self.code)))
 
 
 class _Status(Exception):
@@ -256,6 +288,33 @@ class _StreamCall:
             self._metadata_sent = True
             operations = (_SendMetadata(None, _NO_FLAGS), status)
         self.call.start_server_batch(operations, _ignore)
+
+
+class _LoggedStreamCall(_StreamCall):
+    """A stream at --log-verbose: one line (host.logs.GrpcCallLog) when it ends, OK once its
+    status went out (a stream's requests fail in its responses, not in its status)."""
+
+    def __init__(self, call: Any, servicer: Servicer, metadata: Any, record: GrpcCallLog) -> None:
+        self.record = record
+        super().__init__(call, servicer, metadata)
+
+    def _on_close(self, event: Any) -> None:
+        try:
+            super()._on_close(event)
+        finally:
+            self.record.done("CANCELLED" if event.batch_operations[0].cancelled() else "OK")
+
+
+def _refuse(call: Any, code: int, details: bytes, record: GrpcCallLog | None) -> None:
+    """End a call at once with an error status (a denied or unknown method)."""
+    tag = _ignore
+    if record is not None:  # --log-verbose: its line once the status went out
+        def tag(event: Any) -> None:
+            record.done("CANCELLED" if event.batch_operations[1].cancelled()
+                        else _CODE_NAMES.get(code, str(code)))
+    call.start_server_batch(
+        (_SendMetadata(None, _NO_FLAGS), _ReceiveClose(_NO_FLAGS), _SendStatus(None, code, details, _NO_FLAGS)),
+        tag)
 
 
 # --- the server -----------------------------------------------------------------------------
@@ -422,27 +481,29 @@ class GrpcServer:
         if not event.success:
             return
         path = event.call_details.method
-        if _REQUEST_LOG.isEnabledFor(logging.DEBUG):  # --log-verbose: a line per call (host.logs)
-            log_grpc_call(path.decode(errors="replace"), event.invocation_metadata, event.call.peer())
+        record = None
+        if _REQUEST_LOG.isEnabledFor(logging.DEBUG):  # --log-verbose: a line per call as it ends
+            record = GrpcCallLog(path.decode(errors="replace"), event.invocation_metadata,
+                                 event.call.peer())
         if self._restrictions is not None:
             denial = self._restrictions.grpc_denial(path.rsplit(b"/", 1)[-1].decode("latin-1"),
                                                     event.invocation_metadata)
             if denial is not None:
-                event.call.start_server_batch(
-                    (_SendMetadata(None, _NO_FLAGS), _ReceiveClose(_NO_FLAGS),
-                     _SendStatus(None, cygrpc.StatusCode.unavailable, denial.encode(), _NO_FLAGS)),
-                    _ignore)
+                _refuse(event.call, cygrpc.StatusCode.unavailable, denial.encode(), record)
                 return
         entry = self._unary.get(path)
         if entry is not None:
-            _UnaryCall(event.call, entry[0], entry[1], event.invocation_metadata)
+            if record is None:
+                _UnaryCall(event.call, entry[0], entry[1], event.invocation_metadata)
+            else:
+                _LoggedUnaryCall(event.call, entry[0], entry[1], event.invocation_metadata, record)
         elif path == self._stream_path:
-            _StreamCall(event.call, self._servicer, event.invocation_metadata)
+            if record is None:
+                _StreamCall(event.call, self._servicer, event.invocation_metadata)
+            else:
+                _LoggedStreamCall(event.call, self._servicer, event.invocation_metadata, record)
         else:
-            event.call.start_server_batch(
-                (_SendMetadata(None, _NO_FLAGS), _ReceiveClose(_NO_FLAGS),
-                 _SendStatus(None, cygrpc.StatusCode.unimplemented, b"Method not found!", _NO_FLAGS)),
-                _ignore)
+            _refuse(event.call, cygrpc.StatusCode.unimplemented, b"Method not found!", record)
 
     def _on_shutdown(self, event: Any) -> None:
         self._shutdown.set()
