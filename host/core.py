@@ -265,10 +265,19 @@ class Host:
             folder = None
             if files:
                 if config is None:
-                    raise InvalidArgumentError(overrides.CONFIG_REQUIRED)
+                    missing = InvalidArgumentError(overrides.CONFIG_REQUIRED)
+                    missing.poll_failure = True
+                    raise missing
                 folder = overrides.write(name, files, self.options.http_max_input_size)
             self.manager.load(name, config, override_dir=folder)  # removes an unused folder
         except HostError as exc:
+            if exc.poll_failure:
+                # Triton's answer when it cannot read the model's folder, configuration or
+                # override files (model_repository_manager.cc): INTERNAL and this text, which its
+                # clients and QA tests check, with the cause in the server's log.
+                log.error("Poll failed for model directory '%s': %s", name, exc.message)
+                raise InternalError(
+                    f"failed to load '{name}', failed to poll from model repository") from None
             if (config is None and not files) or exc.message.startswith(
                     ("failed to load", "load failed for model")):  # Triton's texts already
                 raise

@@ -28,6 +28,10 @@ class HostError(Exception):
 
     code: Code = Code.UNKNOWN
 
+    # True for an error in reading a model's folder, configuration or override files: Triton's
+    # load answer for those is its poll failure (host.core.Host.load_model).
+    poll_failure = False
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message

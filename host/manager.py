@@ -293,16 +293,22 @@ class ModelManager:
             created.override_dir = override_dir
         entry = self._models.get(name)
         if entry is None or entry.location is None or not entry.location.path.is_dir():
-            raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+            missing = NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+            missing.poll_failure = True
+            raise missing
         entry.unloaded = False
         entry.explicit = entry.explicit or explicit
         entry.fingerprint = repository.fingerprint(entry.location.path)
         self._deps.loading.append(name)
         try:
             try:
-                base = self._base_config(entry, config_json)
-                versions = repository.select_versions(base.version_policy,
-                                                      repository.versions_on_disk(entry.location.path))
+                try:
+                    base = self._base_config(entry, config_json)
+                    versions = repository.select_versions(
+                        base.version_policy, repository.versions_on_disk(entry.location.path))
+                except HostError as exc:
+                    exc.poll_failure = True  # Triton reads the folder and config when it polls
+                    raise
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
                     self._deps.load_composing(name, base)
             except HostError as exc:

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from host.errors import InternalError, InvalidArgumentError
+from host.errors import HostError, InternalError, InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def write(name: str, files: dict[str, bytes], limit: int) -> Path:
     """Write `files` (relative path -> content) into a new private directory and return it."""
     total = sum(len(content) for content in files.values())
     if total > limit:
-        raise InvalidArgumentError(
+        raise _poll_failure(
             f"the override files of model '{name}' total {total} bytes, more than the {limit} "
             "bytes allowed. Use --http-max-input-size to increase the limit.")
     root = Path(tempfile.mkdtemp(prefix="modelhost-override-"))  # mode 0700: this user's only
@@ -46,14 +46,24 @@ def write(name: str, files: dict[str, bytes], limit: int) -> Path:
             _write_one(root, relpath, content)
     except OSError as exc:
         remove(root)
-        # Triton's answer when it cannot write an override (a name longer than NAME_MAX, a full
-        # disk): INTERNAL and the poll failure text, which its own model-control client checks.
-        raise InternalError(f"failed to load '{name}', failed to poll from model repository "
-                            f"('{PREFIX}{relpath}': {exc.strerror})") from None
+        # A name longer than NAME_MAX, a full disk: a poll failure too (Triton's answer).
+        failure = InternalError(f"cannot write '{PREFIX}{relpath}': {exc.strerror}")
+        failure.poll_failure = True
+        raise failure from None
+    except HostError as exc:
+        remove(root)
+        exc.poll_failure = True  # Triton writes the override files when it polls
+        raise
     except BaseException:
         remove(root)
         raise
     return root
+
+
+def _poll_failure(message: str) -> InvalidArgumentError:
+    failure = InvalidArgumentError(message)
+    failure.poll_failure = True
+    return failure
 
 
 def _write_one(root: Path, relpath: str, content: bytes) -> None:

@@ -362,7 +362,8 @@ def test_explicit_load_and_unload(explicit):
     unload = explicit.simulate_post("/v2/repository/models/simple/unload", json={"parameters": {"unload_dependents": True}})
     assert unload.status_code == 200
     assert explicit.simulate_get("/v2/models/simple/ready").status_code == 400
-    assert "failed to load 'nope'" in _error(explicit.simulate_post("/v2/repository/models/nope/load"), 404)
+    assert "failed to load 'nope', failed to poll from model repository" in _error(
+        explicit.simulate_post("/v2/repository/models/nope/load"), 500)  # Triton's INTERNAL
     assert "unload_dependents" in _error(explicit.simulate_post(
         "/v2/repository/models/simple/unload", json={"parameters": {"unload_dependents": "yes"}}), 400)
 

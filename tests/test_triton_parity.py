@@ -340,28 +340,34 @@ def test_reload_without_files_returns_to_the_repository(http, override_tmp):
     assert not folder.exists()
 
 
-def test_file_override_errors(http, grpcc, override_tmp):
+def test_file_override_errors(http, grpcc, override_tmp, parity):
+    """Triton answers an override it cannot write (or one without a config) as a poll failure:
+    INTERNAL with its fixed text, the cause in the server log (its L0_lifecycle checks the text)."""
     files = _override_files()
     before = _override_dirs(override_tmp)
+    poll = "failed to load 'ov_x', failed to poll from model repository"
     cases = [
-        (lambda c: c.load_model("ov_x", files=files),
-         "failed to load 'ov_x': Load parameter 'config' must be specified for model file override"),
+        (lambda c: c.load_model("ov_x", files=files), poll,
+         "Load parameter 'config' must be specified for model file override"),
         (lambda c: c.load_model("ov_x", config=_override_config("ov_x"),
-                                files={"file:/tmp/evil/model.py": b"x"}),
-         "failed to load 'ov_x': Invalid file parameter 'file:/tmp/evil/model.py'"),
+                                files={"file:/tmp/evil/model.py": b"x"}), poll,
+         "Invalid file parameter 'file:/tmp/evil/model.py'"),
         (lambda c: c.load_model("ov_x", config=_override_config("ov_x"),
-                                files={"file:1/../../evil.py": b"x"}),
+                                files={"file:1/../../evil.py": b"x"}), poll,
          "must stay within model directory."),
-        (lambda c: c.load_model("ov_x", config=_override_config("ov_x", "../../labels.txt"),
-                                files=files),
-         "for output 'OUTPUT0' in model 'ov_x' is outside model directory"),
     ]
     for client in (http, grpcc):
-        for call, message in cases:
+        for call, message, cause in cases:
             error = _error(lambda f=call, c=client: f(c))
-            assert message in error.message(), error.message()
-            assert error.status() in ("400", "501", "StatusCode.INVALID_ARGUMENT",
-                                      "StatusCode.UNIMPLEMENTED"), error.status()
+            assert error.message() == message, error.message()
+            assert error.status() in ("500", "StatusCode.INTERNAL"), error.status()
+            assert any(cause in line for line in parity.log_text().splitlines()
+                       if "Poll failed for model directory 'ov_x': " in line), cause
+        # a label file outside the model fails the load itself, with its own message
+        error = _error(lambda c=client: c.load_model(
+            "ov_x", config=_override_config("ov_x", "../../labels.txt"), files=files))
+        assert "for output 'OUTPUT0' in model 'ov_x' is outside model directory" in error.message()
+        assert error.status() in ("400", "StatusCode.INVALID_ARGUMENT"), error.status()
     assert not Path("/tmp/evil").exists()
     assert _override_dirs(override_tmp) == before  # nothing left behind
 
@@ -417,11 +423,15 @@ def test_model_control_refused_in_none_mode_grpc(server):
     assert client.get_server_metadata().name == "modelhost"
 
 
-def test_load_with_an_invalid_config_override(http, grpcc):
+def test_load_with_an_invalid_config_override(http, grpcc, parity):
+    """Triton's answer: its poll failure (INTERNAL), "Invalid config override" in the server log
+    (which its L0_http and L0_grpc tests grep for)."""
     for client in (http, grpcc):
         error = _error(lambda c=client: c.load_model("cast_types", config="{not json"))
-        assert error.message().startswith("failed to load 'cast_types': Invalid config override:")
+        assert error.message() == "failed to load 'cast_types', failed to poll from model repository"
+        assert error.status() in ("500", "StatusCode.INTERNAL")
         assert client.is_model_ready("cast_types")  # the loaded version keeps serving
+    assert "Poll failed for model directory 'cast_types': Invalid config override:" in parity.log_text()
 
 
 @pytest.mark.parametrize("name, message", [
