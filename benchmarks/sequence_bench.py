@@ -192,12 +192,13 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
         lines.append(f"- {strategy}, modelhost / Triton: " + "; ".join(parts))
     lines += [
         "",
-        "Reading: modelhost spends less server CPU per request than Triton (no process boundary "
-        "between the front end and the python model), but most of that work is Python in one "
-        "process, serialized by the interpreter lock: CPU per request times infer/s comes to "
-        "about one core for modelhost, more for Triton, whose C++ front end and python stub run "
-        "in parallel. With the load generator on the same two cores, modelhost's throughput is "
-        "bounded by that one core rather than by its CPU per request.",
+        "Reading: modelhost's server CPU per request is of the same order as Triton's (no "
+        "process boundary between the front end and the python model, but a front end in "
+        "Python), and that work is Python in one process, serialized by the interpreter lock: "
+        "CPU per request times infer/s comes to about one core for modelhost, more for Triton, "
+        "whose C++ front end and python stub run in parallel. With the load generator on the "
+        "same two cores, modelhost's throughput is bounded by that one core rather than by its "
+        "CPU per request.",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; run took {wall:.0f} s",
         f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}; shared with other "

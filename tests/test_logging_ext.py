@@ -93,7 +93,7 @@ def test_settings_change_while_running(logged):
 @pytest.mark.parametrize("settings, status, message", [
     ({"log_file": "elsewhere.log"}, "501",
      "log file location can not be updated through network protocol"),
-    ({"log_format": "fancy"}, "400", "invalid argument for log_format, got: fancy"),
+    ({"log_format": "fancy"}, "400", "invalid argument for --log_format, got: fancy"),  # Triton: 503
     ({"log_info": "yes"}, "400", "attempt to access JSON non-boolean as boolean"),
     ({"log_verbose_level": -1}, "400",
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
