@@ -69,7 +69,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if not action.option_strings or "default" in text or action.default is argparse.SUPPRESS \
+        # a help that states its default itself ("... default ./x)"), not one naming a choice
+        # called "default" ("default: Triton's text lines")
+        says_default = "default " in text or "(default" in text
+        if not action.option_strings or says_default or action.default is argparse.SUPPRESS \
                 or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             return text
         default = action.default
