@@ -332,13 +332,16 @@ def test_index_and_metadata_list_ensembles(http, grpc) -> None:
     assert grpc.get_model_metadata("ens_fan").platform == "ensemble"
 
 
-def test_every_load_error_names_model_step_and_tensor(http, broken) -> None:
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_every_load_error_names_model_step_and_tensor(http, grpc, broken, protocol) -> None:
+    client = http if protocol == "http" else grpc
     for name, expected in broken.items():
         with pytest.raises(InferenceServerException) as info:
-            http.load_model(name)
+            client.load_model(name)
         assert expected in info.value.message(), name
-        assert not http.is_model_ready(name)
-    assert http.is_server_ready()
+        assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), (name, info.value.status())
+        assert not client.is_model_ready(name)
+    assert client.is_server_ready()
 
 
 # --- model control (own server: it unloads models) -----------------------------------------------
