@@ -65,6 +65,8 @@ input [
   {{ name: "stop_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }},
   {{ name: "bad_words" data_type: TYPE_STRING dims: [ -1 ] optional: true }},
   {{ name: "return_log_probs" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
+  {{ name: "return_context_logits" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
+  {{ name: "return_generation_logits" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
   {{ name: "exclude_input_in_output" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
   {{ name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
 ]
@@ -77,7 +79,9 @@ output [
   {{ name: "top_token_ids" data_type: TYPE_INT32 dims: [ -1, -1, -1 ] }},
   {{ name: "top_log_probs" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }},
   {{ name: "output_tokens" data_type: TYPE_STRING dims: [ -1 ] }},
-  {{ name: "top_tokens" data_type: TYPE_STRING dims: [ -1, -1 ] }}
+  {{ name: "top_tokens" data_type: TYPE_STRING dims: [ -1, -1 ] }},
+  {{ name: "context_logits" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
+  {{ name: "generation_logits" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }}
 ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 parameters [

@@ -229,6 +229,20 @@ def _final(result: Any) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param
 
 
+def test_logits_tensors_through_the_generate_extension(server):
+    status, raw = post(server, f"/v2/models/{MODEL}/generate",
+                       {"text_input": "Hello there", "max_tokens": 3, "ignore_eos": True,
+                        "return_context_logits": True, "return_generation_logits": True})
+    assert status == 200, raw
+    doc = json.loads(raw)
+    prompt, generated = doc["prompt_tokens"], doc["completion_tokens"]
+    context, generation = doc["context_logits"], doc["generation_logits"]
+    vocab = len(context) // prompt
+    assert prompt > 1 and generated == 3 and vocab > 1
+    assert len(context) == prompt * vocab  # a row per prompt token, none lost to prefix reuse
+    assert len(generation) == generated * vocab
+
+
 # --- issue 15, finding 6 ----------------------------------------------------------------------------
 def test_a_tiny_temperature_does_not_kill_the_manager(server):
     status, raw = post(server, f"/v2/models/{MODEL}/generate",
