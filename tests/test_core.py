@@ -18,8 +18,8 @@ import pytest
 
 from host.backend import Backend, Instance, Model
 from host.core import Host
-from host.errors import (AlreadyExistsError, InvalidArgumentError, NotFoundError, UnavailableError,
-                         UnsupportedError)
+from host.errors import (AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError,
+                         UnavailableError, UnsupportedError)
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 from host.options import ServerOptions
 from host.plugins import get_plugin_manager, hookimpl
@@ -393,8 +393,8 @@ def test_explicit_mode_load_unload_and_json_override(tmp_path):
     host.unload_model("m")
     assert not host.model_ready("m")
     assert {r["name"]: r for r in host.repository_index()}["m"]["state"] == "UNAVAILABLE"
-    with pytest.raises(NotFoundError):
-        host.load_model("absent")
+    with pytest.raises(InternalError, match="failed to load 'absent', failed to poll from model repository"):
+        host.load_model("absent")  # Triton's poll failure
     host.stop()
 
 

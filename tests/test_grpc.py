@@ -792,7 +792,7 @@ def test_repository_index_load_unload_in_explicit_mode() -> None:
             assert client.get_model_config("identity_fp32").config.max_batch_size == 4
             client.unload_model("simple")
             wait_until(lambda: not client.is_model_ready("simple"), timeout=20)
-            with _raises(grpc.StatusCode.NOT_FOUND) as check:
+            with _raises(grpc.StatusCode.INTERNAL) as check:  # Triton's poll failure
                 client.load_model("nope")
             assert "nope" in check.error.message()
             with grpc.insecure_channel(ep.grpc_url) as channel:
