@@ -18,7 +18,7 @@ from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
 from host.ensemble import EnsembleRuntime
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
-                         InvalidArgumentError, UnavailableError, error_for)
+                         InvalidArgumentError, UnavailableError, error_for, poll_failure)
 from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.manager import ModelManager
@@ -264,11 +264,12 @@ class Host:
         try:
             folder = None
             if files:
-                if config is None:
-                    missing = InvalidArgumentError(overrides.CONFIG_REQUIRED)
-                    missing.poll_failure = True
-                    raise missing
-                folder = overrides.write(name, files, self.options.http_max_input_size)
+                try:
+                    if config is None:
+                        raise InvalidArgumentError(overrides.CONFIG_REQUIRED)
+                    folder = overrides.write(name, files, self.options.http_max_input_size)
+                except HostError as exc:  # Triton writes the override files when it polls
+                    raise poll_failure(exc) from None
             self.manager.load(name, config, override_dir=folder)  # removes an unused folder
         except HostError as exc:
             if exc.poll_failure:
@@ -322,10 +323,12 @@ class Host:
             return self.tracer.update(model, changes)
         return self.tracer.get(model)
 
-    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Triton's logging extension: the log settings, after applying `changes`."""
+    def log_settings(self, changes: dict[str, Any] | None = None,
+                     format_name: str = "log_format") -> dict[str, Any]:
+        """Triton's logging extension: the log settings, after applying `changes`
+        (`format_name`: see host.logsettings.update)."""
         if changes:
-            return logsettings.update(changes)
+            return logsettings.update(changes, format_name)
         return logsettings.current().as_dict()
 
 

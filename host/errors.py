@@ -40,6 +40,12 @@ class HostError(Exception):
         return self.message
 
 
+def poll_failure(error: HostError) -> HostError:
+    """`error`, marked as a poll failure (HostError.poll_failure)."""
+    error.poll_failure = True
+    return error
+
+
 class InternalError(HostError):
     code = Code.INTERNAL
 

@@ -147,15 +147,17 @@ def current() -> LogSettings:
     return _handler.settings if _handler is not None else _detached
 
 
-def update(changes: dict[str, Any]) -> dict[str, Any]:
+def update(changes: dict[str, Any], format_name: str = "log_format") -> dict[str, Any]:
     """Apply a logging-extension request (values already typed by the front end; None: leave
-    unchanged). Returns the settings after the change, as Triton answers."""
+    unchanged). Returns the settings after the change, as Triton answers. `format_name` is how
+    a bad format's message names the setting: Triton's HTTP says "--log_format", its gRPC
+    "log_format" (both answered as INVALID_ARG here; Triton's HTTP answers 503)."""
     settings = current()
     if changes.get("log_file") is not None:
         raise UnsupportedError("log file location can not be updated through network protocol")
     fmt = changes.get("log_format")
     if fmt is not None and fmt not in FORMATS:
-        raise InvalidArgumentError(f"invalid argument for log_format, got: {fmt}")
+        raise InvalidArgumentError(f"invalid argument for {format_name}, got: {fmt}")
     level = changes.get("log_verbose_level")
     if level is not None and level < 0:
         raise InvalidArgumentError(f"invalid argument for log_verbose_level, got: {level}")

@@ -24,7 +24,7 @@ from host.ensemble import EnsembleVersion
 from host.ensemble.control import Dependencies, composing_of
 from host.ensemble.scheduler import StepRunner
 from host.errors import (HostError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError,
-                         state_reason)
+                         poll_failure, state_reason)
 from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
@@ -293,9 +293,8 @@ class ModelManager:
             created.override_dir = override_dir
         entry = self._models.get(name)
         if entry is None or entry.location is None or not entry.location.path.is_dir():
-            missing = NotFoundError(f"failed to load '{name}', failed to poll from model repository")
-            missing.poll_failure = True
-            raise missing
+            raise poll_failure(
+                NotFoundError(f"failed to load '{name}', failed to poll from model repository"))
         entry.unloaded = False
         entry.explicit = entry.explicit or explicit
         entry.fingerprint = repository.fingerprint(entry.location.path)
@@ -306,9 +305,8 @@ class ModelManager:
                     base = self._base_config(entry, config_json)
                     versions = repository.select_versions(
                         base.version_policy, repository.versions_on_disk(entry.location.path))
-                except HostError as exc:
-                    exc.poll_failure = True  # Triton reads the folder and config when it polls
-                    raise
+                except HostError as exc:  # Triton reads the folder and config when it polls
+                    raise poll_failure(exc) from None
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
                     self._deps.load_composing(name, base)
             except HostError as exc:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 
+from host.options import ServerOptions
 from host.stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def _pinned_memory(options: Any) -> Iterator[Metric]:
     """Triton's pinned-memory pool gauges. The total is the pool size asked for
     (--pinned-memory-pool-byte-size), as Triton reports it; modelhost stages no tensors in pinned
     memory (its CPU tensors are used where they lie), so nothing of it is ever in use."""
-    total = getattr(options, "pinned_memory_pool_byte_size", 256 * 1024 * 1024)
+    total = getattr(options, "pinned_memory_pool_byte_size", ServerOptions.pinned_memory_pool_byte_size)
     yield GaugeMetricFamily("nv_pinned_memory_pool_total_bytes",
                             "Pinned memory pool total memory size, in bytes", value=total)
     yield GaugeMetricFamily("nv_pinned_memory_pool_used_bytes",

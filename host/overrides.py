@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from host.errors import HostError, InternalError, InvalidArgumentError
+from host.errors import InternalError, InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def write(name: str, files: dict[str, bytes], limit: int) -> Path:
     """Write `files` (relative path -> content) into a new private directory and return it."""
     total = sum(len(content) for content in files.values())
     if total > limit:
-        raise _poll_failure(
+        raise InvalidArgumentError(
             f"the override files of model '{name}' total {total} bytes, more than the {limit} "
             "bytes allowed. Use --http-max-input-size to increase the limit.")
     root = Path(tempfile.mkdtemp(prefix="modelhost-override-"))  # mode 0700: this user's only
@@ -46,24 +46,12 @@ def write(name: str, files: dict[str, bytes], limit: int) -> Path:
             _write_one(root, relpath, content)
     except OSError as exc:
         remove(root)
-        # A name longer than NAME_MAX, a full disk: a poll failure too (Triton's answer).
-        failure = InternalError(f"cannot write '{PREFIX}{relpath}': {exc.strerror}")
-        failure.poll_failure = True
-        raise failure from None
-    except HostError as exc:
-        remove(root)
-        exc.poll_failure = True  # Triton writes the override files when it polls
-        raise
+        # A name longer than NAME_MAX, a full disk (the load answers it as Triton does).
+        raise InternalError(f"cannot write '{PREFIX}{relpath}': {exc.strerror}") from None
     except BaseException:
         remove(root)
         raise
     return root
-
-
-def _poll_failure(message: str) -> InvalidArgumentError:
-    failure = InvalidArgumentError(message)
-    failure.poll_failure = True
-    return failure
 
 
 def _write_one(root: Path, relpath: str, content: bytes) -> None:

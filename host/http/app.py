@@ -19,7 +19,7 @@ import orjson
 from host.config import config_to_json
 from host.core import Host
 from host.errors import Code, HostError, InternalError, InvalidArgumentError
-from host import logsettings, validation
+from host import validation
 from host.headers import wsgi_headers
 from host.http import body, codec, generate, openai
 from host.http.server import CLIENT_GONE
@@ -387,12 +387,8 @@ class Logging(_Resource):
             kind = self._TYPES.get(key)
             if kind is not None and (type(value) is not kind or (kind is int and value < 0)):  # type: ignore[operator]
                 raise InvalidArgumentError(self._TYPE_ERRORS[kind])
-            if key == "log_format" and value not in logsettings.FORMATS:
-                # Triton's HTTP text names the flag (its gRPC one does not: host.logsettings);
-                # the status stays a 400 (Triton: 503), as the request is at fault.
-                raise InvalidArgumentError(f"invalid argument for --log_format, got: {value}")
             changes[key] = value
-        _json(resp, self.host.log_settings(changes))
+        _json(resp, self.host.log_settings(changes, format_name="--log_format"))  # Triton's HTTP text
 
 
 def _field(doc: dict[str, Any], key: str) -> Any:

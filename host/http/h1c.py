@@ -42,8 +42,6 @@ class Limits:
         return out
 
 
-
-
 def head_parser(limits: Limits | None = None,
                 raw_headers: bool = False) -> Callable[[bytes, tuple, tuple], tuple[dict, int]]:
     """`parse(data, server_addr, client_addr) -> (environ, head_length)`; raises IncompleteError
