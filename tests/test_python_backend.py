@@ -830,6 +830,44 @@ def test_two_models_with_same_sibling_name(tmp_path, load):
     assert m2.infer({}).output("V").data.tolist() == [2]
 
 
+def test_a_model_import_shows_its_directory_to_its_own_thread_only(tmp_path, load):
+    # Models load in parallel: while one imports, another thread's imports must neither find the
+    # model's siblings nor have sys.path change under them (the CI failure: a load that, racing
+    # a python model's import, could not import an installed package).
+    code = """
+    import importlib
+    import sys
+    import threading
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    SEEN = {}
+
+    def other_thread():
+        SEEN["path"] = list(sys.path)
+        try:
+            importlib.import_module("private_sibling")
+            SEEN["found"] = 1
+        except ModuleNotFoundError:
+            SEEN["found"] = 0
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    import private_sibling  # this thread, importing the model, does find it
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("V", np.array(
+                [SEEN["found"], private_sibling.V, SEEN["path"] == sys.path], np.int32))])
+                for r in requests]
+    """
+    before = list(sys.path)
+    m = load(write_model(tmp_path, "private", "", code, extra_files={"private_sibling.py": "V = 5\n"}))
+    assert m.infer({}).output("V").data.tolist() == [0, 5, 1]
+    assert sys.path == before and "private_sibling" not in sys.modules
+
+
 def test_logger_levels(tmp_path, load, caplog):
     code = """
     import threading

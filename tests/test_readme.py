@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from host.testing import serve
 
@@ -37,6 +38,10 @@ def _ports(code: str, server) -> str:
 def server():
     with serve(ROOT / "model_repository", "--cache-config", "local,size=16777216",
                "--allow-client-shm=true") as process:
+        # Every example model loads; if one does not, say why here rather than in a snippet.
+        index = httpclient.InferenceServerClient(process.url).get_model_repository_index()
+        failed = [m for m in index if m.get("state") != "READY"]
+        assert not failed, (failed, process.log_text()[-6000:])
         yield process
 
 

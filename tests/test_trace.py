@@ -338,7 +338,9 @@ def test_opentelemetry_spans_reach_an_otlp_endpoint(collector):
         times = [model.events[0].time_unix_nano, model.events[1].time_unix_nano,
                  *(e.time_unix_nano for e in compute.events), root.events[0].time_unix_nano,
                  model.events[2].time_unix_nano]
-        assert times == sorted(times) and start <= times[0] and times[-1] <= end
+        # INFER_RESPONSE_COMPLETE and REQUEST_END are stamped once the response is handed to the
+        # front end, which may already have delivered it: only the earlier ones precede `end`.
+        assert times == sorted(times) and start <= times[0] and times[-3] <= end
         assert root.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
         assert compute.end_time_unix_nano <= model.end_time_unix_nano <= root.end_time_unix_nano
     assert request_ids == {"otel-h", "otel-g"}

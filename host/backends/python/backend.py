@@ -6,8 +6,10 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
 
 - the model file is `<version dir>/<default_model_filename or "model.py">`. It is imported as
   module `model` of a synthetic package whose path is the version directory, so relative imports
-  (`from . import helper`) work; during the import the version directory is first on `sys.path`,
-  so sibling modules import by absolute name too. Sibling modules are imported afresh for each
+  (`from . import helper`) work; during the import, the importing thread finds top-level modules
+  in the version directory first (as if it led `sys.path`, which is left alone: other threads
+  importing at the same time must not see it), so sibling modules import by absolute name too.
+  Sibling modules are imported afresh for each
   instance and taken out of `sys.modules` again, so two models with a `utils.py` do not clash.
   (An absolute import of a sibling made later, inside `execute`, does not see the version
   directory: import siblings at module level.)
@@ -41,6 +43,8 @@ Not supported (yet): request rescheduling; the optional `is_ready()`; GPU-reside
 from __future__ import annotations
 
 import asyncio
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import itertools
 import json
@@ -78,7 +82,46 @@ DEFAULT_MODEL_FILENAME = "model.py"
 MODEL_CLASS = "TritonPythonModel"
 
 _module_counter = itertools.count(1)
-_import_lock = threading.Lock()  # sys.path / sys.modules juggling is process-global
+_import_lock = threading.Lock()  # sys.modules juggling is process-global
+
+
+class _VersionDirFinder(importlib.abc.MetaPathFinder):
+    """Top-level modules in the version directory of the model this thread is importing.
+
+    Putting the directory on `sys.path` instead would show it to every thread importing at the same
+    time (models load in parallel), and removing it again shifts `sys.path` under another thread's
+    path search, which then skips an entry and fails to find an installed package."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextmanager
+    def searching(self, directory: str) -> Iterator[None]:
+        previous = getattr(self._local, "directory", None)
+        self._local.directory = directory
+        try:
+            yield
+        finally:
+            self._local.directory = previous
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        directory = getattr(self._local, "directory", None)
+        if directory is None or path is not None:  # not importing a model, or a submodule
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [directory])
+
+
+def _install_finder() -> _VersionDirFinder:
+    finder = _VersionDirFinder()
+    # Just before the path finder, where sys.path[0] would be searched: built-in and frozen
+    # modules still win over a sibling file of the same name.
+    at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder),
+              len(sys.meta_path))
+    sys.meta_path.insert(at, finder)
+    return finder
+
+
+_finder = _install_finder()
 
 
 # --- locating and importing the model file ----------------------------------------------------
@@ -144,20 +187,16 @@ def import_model_module(path: Path, ctx: pb_utils._ModelContext, label: str) -> 
         before = set(sys.modules)
         sys.modules[package_name] = package
         sys.modules[module_name] = module
-        sys.path.insert(0, version_dir)
         token = pb_utils._ACTIVE.set(ctx)
         try:
-            spec.loader.exec_module(module)
+            with _finder.searching(version_dir):
+                spec.loader.exec_module(module)
         except BaseException:
             for name in [package_name, module_name]:
                 sys.modules.pop(name, None)
             raise
         finally:
             pb_utils._ACTIVE.reset(token)
-            try:
-                sys.path.remove(version_dir)
-            except ValueError:
-                pass
             # Siblings imported by absolute name: keep them private to this instance.
             for name in set(sys.modules) - before:
                 mod = sys.modules.get(name)
@@ -177,7 +216,8 @@ def forget_module(module: types.ModuleType | None) -> None:
         return
     package_name = module.__name__.rpartition(".")[0]
     with _import_lock:
-        for name in [n for n in sys.modules if n == package_name or n.startswith(package_name + ".")]:
+        # tuple(): a snapshot taken at once; other threads import (add to sys.modules) meanwhile
+        for name in [n for n in tuple(sys.modules) if n == package_name or n.startswith(package_name + ".")]:
             del sys.modules[name]
 
 
