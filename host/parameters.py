@@ -22,29 +22,34 @@ MAX_STRING_SEQUENCE_ID = 128
 _FRONT_END_ONLY = ("binary_data_output",)
 
 
+class Uint64(int):
+    """An integer the gRPC client sent as `uint64_param` (not `int64_param`): Triton accepts the
+    two for different keys, so the codec keeps the difference for `interpret`."""
+
+    __slots__ = ()
+
+
+_UINT64_LIMIT = 1 << 64
+
+
 def interpret(request: InferenceRequest) -> None:
     """Validate the reserved parameters, move them into the request's fields, drop them."""
     params = request.parameters
     if not params:
         return
+    grpc = request.protocol == "grpc"
     user: dict[str, Any] = {}
     for key, value in params.items():
         if key == "sequence_id":
-            if not (_unsigned(value) or type(value) is str):
-                raise InvalidArgumentError(
-                    "Unable to parse 'sequence_id': expected an unsigned integer or a string")
-            if type(value) is str and len(value) > MAX_STRING_SEQUENCE_ID:
-                raise UnsupportedError(
-                    "string correlation ID cannot be longer than 128 characters")
-            request.sequence_id = value
+            request.sequence_id = _grpc_sequence_id(value) if grpc else _json_sequence_id(value)
         elif key in ("sequence_start", "sequence_end"):
             if type(value) is not bool:
-                raise InvalidArgumentError(f"Unable to parse '{key}': expected a boolean")
+                raise InvalidArgumentError(_type_message(key, grpc, "bool_param", "boolean"))
             setattr(request, key, value)
         elif key == "priority":
-            request.priority = _unsigned_or_error(key, value)
+            request.priority = _grpc_priority(value) if grpc else _json_unsigned(key, value)
         elif key == "timeout":
-            request.timeout_us = _unsigned_or_error(key, value)
+            request.timeout_us = _grpc_timeout(value) if grpc else _json_unsigned(key, value)
         elif key == EMPTY_FINAL_RESPONSE and request.protocol != "http":
             # Triton's HTTP front end has no streaming and refuses it as any other triton_ key.
             if type(value) is not bool:
@@ -56,8 +61,64 @@ def interpret(request: InferenceRequest) -> None:
         elif key.startswith(RESERVED_PREFIX):
             raise InvalidArgumentError(_reserved_message(request.protocol))
         else:
-            user[key] = value
+            user[key] = int(value) if type(value) is Uint64 else value
     request.parameters = user
+
+
+# Triton's two front ends word a badly typed reserved parameter differently: gRPC names the
+# InferParameter field it expected; HTTP reports its JSON reader's complaint.
+_JSON_KINDS = {"boolean": "non-boolean as boolean", "string": "non-string as string",
+               "unsigned": "non-unsigned-integer as unsigned-integer"}
+
+
+def _type_message(key: str, grpc: bool, grpc_fields: str, json_kind: str) -> str:
+    if grpc:
+        return f"invalid value type for '{key}' parameter, expected {grpc_fields}."
+    return f"Unable to parse '{key}': attempt to access JSON {_JSON_KINDS[json_kind]}"
+
+
+def _string_id(value: str) -> str:
+    if len(value) > MAX_STRING_SEQUENCE_ID:
+        raise UnsupportedError("string correlation ID cannot be longer than 128 characters")
+    return value
+
+
+def _grpc_sequence_id(value: Any) -> int | str:
+    if type(value) is int:  # int64_param: Triton takes its bits as the unsigned id
+        return value % _UINT64_LIMIT
+    if type(value) is str:
+        return _string_id(value)
+    raise InvalidArgumentError(_type_message("sequence_id", True, "int64_param or string_param", ""))
+
+
+def _json_sequence_id(value: Any) -> int | str:
+    if _unsigned(value):
+        return value
+    if type(value) is str:  # what is not an unsigned integer must be a string
+        return _string_id(value)
+    raise InvalidArgumentError(_type_message("sequence_id", False, "", "string"))
+
+
+def _grpc_priority(value: Any) -> int:
+    if type(value) is int:
+        if value < 0:
+            raise InvalidArgumentError("invalid value for 'priority', expected value >= 0.")
+        return value
+    if type(value) is Uint64:
+        return int(value)
+    raise InvalidArgumentError(_type_message("priority", True, "int64_param or uint64_param", ""))
+
+
+def _grpc_timeout(value: Any) -> int:
+    if type(value) is not int:
+        raise InvalidArgumentError(_type_message("timeout", True, "int64_param", ""))
+    return value % _UINT64_LIMIT  # as Triton, which reads the int64 as microseconds unsigned
+
+
+def _json_unsigned(key: str, value: Any) -> int:
+    if not _unsigned(value):
+        raise InvalidArgumentError(_type_message(key, False, "", "unsigned"))
+    return value
 
 
 def check_outputs(request: InferenceRequest) -> None:
@@ -90,10 +151,4 @@ def _reserved_message(protocol: str) -> str:
 
 
 def _unsigned(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _unsigned_or_error(key: str, value: Any) -> int:
-    if not _unsigned(value):
-        raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned integer")
-    return value
+    return type(value) is int and 0 <= value < _UINT64_LIMIT

@@ -628,7 +628,14 @@ def test_statistics_count_inferences(client):
 
 @pytest.mark.parametrize("params, message", [
     ({"triton_x": 1}, "parameter keys starting with 'triton_' are reserved for Triton usage"),
-    ({"priority": -1}, "Unable to parse 'priority'"),
+    # Triton's HTTP texts: the field, then its JSON reader's complaint
+    ({"priority": -1}, "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as "
+                       "unsigned-integer"),
+    ({"timeout": 1.5}, "Unable to parse 'timeout': attempt to access JSON non-unsigned-integer as "
+                       "unsigned-integer"),
+    ({"sequence_id": -1}, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"sequence_id": 2**64}, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"sequence_end": 1}, "Unable to parse 'sequence_end': attempt to access JSON non-boolean as boolean"),
 ])
 def test_reserved_request_parameters_are_refused(server, client, params, message):
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}],

@@ -448,6 +448,41 @@ def test_request_parameters_reach_the_model(client: grpcclient.InferenceServerCl
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "triton_" in error.details()
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("sequence_id", ("uint64_param", 5),
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ("sequence_id", ("bool_param", True),
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ("sequence_start", ("int64_param", 1),
+     "invalid value type for 'sequence_start' parameter, expected bool_param."),
+    ("sequence_end", ("string_param", "yes"),
+     "invalid value type for 'sequence_end' parameter, expected bool_param."),
+    ("priority", ("int64_param", -1), "invalid value for 'priority', expected value >= 0."),
+    ("priority", ("double_param", 1.0),
+     "invalid value type for 'priority' parameter, expected int64_param or uint64_param."),
+    ("timeout", ("uint64_param", 10), "invalid value type for 'timeout' parameter, expected int64_param."),
+])
+def test_badly_typed_reserved_parameters_get_tritons_texts(stub: pb_grpc.GRPCInferenceServiceStub,
+                                                           field, value, message) -> None:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="INT32", shape=[1])
+    request = pb.ModelInferRequest(model_name="echo_parameters", inputs=[tensor],
+                                   raw_input_contents=[b"\0" * 4])
+    setattr(request.parameters[field], *value)
+    error = _rpc_error(stub.ModelInfer, request)
+    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def test_priority_may_be_uint64_and_user_uint64_parameters_reach_the_model(
+        stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="INT32", shape=[1])
+    request = pb.ModelInferRequest(model_name="echo_parameters", inputs=[tensor],
+                                   raw_input_contents=[b"\0" * 4])
+    request.parameters["priority"].uint64_param = 1
+    request.parameters["big"].uint64_param = 2**64 - 1
+    response = stub.ModelInfer(request)
+    assert json.loads(response.raw_output_contents[0][4:]) == {"big": 2**64 - 1}
+
+
 def test_compressed_requests(client: grpcclient.InferenceServerClient) -> None:
     x = np.arange(4096, dtype=np.float32)
     for algorithm in ("gzip", "deflate"):

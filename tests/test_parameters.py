@@ -57,3 +57,14 @@ def test_ordinary_requested_outputs_pass():
     r = req()
     r.outputs = [RequestedOutput("A", {"binary_data_size": 4}), RequestedOutput("B")]
     check_outputs(r)
+
+
+def test_grpc_int64_ids_and_timeouts_are_read_as_unsigned_as_triton_does():
+    r = req(sequence_id=-1, timeout=-2)
+    r.protocol = "grpc"
+    interpret(r)
+    assert (r.sequence_id, r.timeout_us) == (2**64 - 1, 2**64 - 2)
+    r = req(sequence_id=-1)
+    r.protocol = "http"  # JSON: a negative id is neither unsigned nor a string
+    with pytest.raises(InvalidArgumentError, match="attempt to access JSON non-string as string"):
+        interpret(r)

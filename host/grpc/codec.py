@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from host import datatypes, validation
 from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from host.parameters import Uint64
 from host.proto import grpc_service_pb2 as pb
 from host.shm.tensors import mentions_shm
 
@@ -56,7 +57,8 @@ def parameters_to_dict(params: Any) -> dict[str, Any]:
             raise InvalidArgumentError(
                 f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
                 "or string_param.")
-        out[key] = getattr(param, which)
+        value = getattr(param, which)
+        out[key] = Uint64(value) if which == "uint64_param" else value
     return out
 
 

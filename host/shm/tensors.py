@@ -14,6 +14,7 @@ import numpy as np
 from host import datatypes
 from host.errors import InvalidArgumentError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
+from host.parameters import Uint64
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -161,6 +162,7 @@ def _target(params: dict, name: str, manager: Any, used: list) -> tuple[Any, int
 
 
 def _uint64(key: str, value: Any) -> int:
-    if type(value) is not int or not 0 <= value < _UINT64:
+    # gRPC's uint64_param (Uint64) too: a region's size may not fit an int64
+    if type(value) not in (int, Uint64) or not 0 <= value < _UINT64:
         raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned 64-bit integer")
     return value
