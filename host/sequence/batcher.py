@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_MAX_ZERO_SHAPES = 64  # padding zeros kept per batcher (input name, datatype, shape)
+
 
 class _Sequence:
     __slots__ = ("id", "slot", "queue", "last_ns", "expired", "corrid")
@@ -120,6 +122,7 @@ class SequenceBatcher:
         self.model = model
         self.name = cfg.name
         self.controls = Controls(cfg)
+        self._zeros: dict[tuple[str, str, tuple[int, ...]], Tensor] = {}  # see _padding
         self.states = StateSpecs(cfg, model.spec.path)
         self.config_outputs = frozenset(o.name for o in cfg.output)
         self.max_batch = max(cfg.max_batch_size, 1)
@@ -281,10 +284,24 @@ class SequenceBatcher:
         return request
 
     def _padding(self, like: InferenceRequest) -> InferenceRequest:
+        """A row for a slot without a request: zeros shaped like `like`'s inputs, the controls
+        "not ready". The zero tensors are made once per input shape and shared read-only, as
+        the control tensors are (a padding row is built for most batches of the direct strategy)."""
+        controls = self.controls
+        inputs = {}
+        for name, t in like.inputs.items():
+            if name in controls.names:
+                continue
+            key = (name, t.datatype, tuple(t.shape))
+            zero = self._zeros.get(key)
+            if zero is None:
+                if len(self._zeros) >= _MAX_ZERO_SHAPES:  # shapes a client varies: stay bounded
+                    self._zeros.clear()
+                zero = self._zeros[key] = Tensor(name, t.datatype, list(t.shape), _zeros_like(t.data))
+            inputs[name] = zero
         pad = _PaddingRequest(model_name=like.model_name, model_version=like.model_version,
-                              inputs={n: Tensor(n, t.datatype, list(t.shape), _zeros_like(t.data))
-                                      for n, t in like.inputs.items()})
-        self.controls.add_padding(pad)
+                              inputs=inputs)
+        controls.add_padding(pad)
         pad.enqueue_ns = like.enqueue_ns
         return pad
 
@@ -355,5 +372,8 @@ class _StateCapture:
 
 def _zeros_like(data: Any) -> np.ndarray:
     if isinstance(data, np.ndarray) and data.dtype == object:
-        return np.full(data.shape, b"", dtype=object)
-    return np.zeros_like(np.asarray(data))
+        zeros = np.full(data.shape, b"", dtype=object)
+    else:
+        zeros = np.zeros_like(np.asarray(data))
+    zeros.flags.writeable = False  # shared by every padding row of that shape
+    return zeros

@@ -67,6 +67,9 @@ class Controls:
                 elif control.kind == _Control.CONTROL_SEQUENCE_READY:
                     self.ready = flag
         self._padding_corrid = self.corrid_tensor("" if self.corrid_type == "BYTES" else 0)
+        # The inputs the controls fill in (a padding row takes them from here, not from zeros).
+        self.names = frozenset([f.name for f in (self.start, self.end, self.ready) if f is not None]
+                               + ([self.corrid_name] if self.corrid_name else []))
 
     def _flag(self, name: str, control: ModelSequenceBatching.Control) -> _Flag:
         for field, datatype in _FALSE_TRUE:
