@@ -90,6 +90,9 @@ class _Worker:
         self.batcher, self.instance = batcher, instance
         self.cond = threading.Condition(batcher.lock)
         self.slots = [_Slot(self, i, states.new() if states else None) for i in range(slots)]
+        # An execute on this instance is under way (by the worker thread or by a submitting
+        # thread, see SequenceBatcher._run_inline): the other waits. Read and set with the lock.
+        self.running = False
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"sequence-{instance.spec.name}")
 
@@ -101,18 +104,27 @@ class _Worker:
         while True:
             with self.cond:
                 batch = batcher._next_batch(self)
-            if batch is None:
-                return
-            requests, padding = batch
-            if requests:
-                try:
-                    execute_batch(batcher.model, self.instance, requests, padding)
-                except BaseException as exc:  # noqa: BLE001 - the batch fails, the worker goes on
-                    log.error("model '%s': sequence batch failed", batcher.name, exc_info=exc)
-                    error = InternalError(f"{type(exc).__name__}: {exc}")
-                    for request in requests:
-                        if not request.completed:
-                            request.respond(InferenceResponse(error=error), True)
+                if batch is None:
+                    return
+                self.running = True
+            try:
+                self.execute(*batch)
+            finally:
+                with self.cond:
+                    self.running = False
+
+    def execute(self, requests: list[InferenceRequest], padding: int) -> None:
+        if not requests:
+            return
+        batcher = self.batcher
+        try:
+            execute_batch(batcher.model, self.instance, requests, padding)
+        except BaseException as exc:  # noqa: BLE001 - the batch fails, the worker goes on
+            log.error("model '%s': sequence batch failed", batcher.name, exc_info=exc)
+            error = InternalError(f"{type(exc).__name__}: {exc}")
+            for request in requests:
+                if not request.completed:
+                    request.respond(InferenceResponse(error=error), True)
 
 
 class SequenceBatcher:
@@ -192,8 +204,27 @@ class SequenceBatcher:
             sequence.last_ns = time.monotonic_ns()
             if request.sequence_end:
                 del self._sequences[sequence_id]  # a new START with this id is a new sequence
-            if sequence.slot is not None:
-                sequence.slot.worker.cond.notify()
+            slot = sequence.slot
+            if slot is None:
+                return
+            worker = slot.worker
+            if worker.running or self.delay_ns or self._stopping:
+                worker.cond.notify()
+                return
+            # The instance is idle and nothing is worth waiting for: run the batch in this thread,
+            # sparing the hand-over to the worker thread and back (most of a small model's cost).
+            busy = self._drop_cancelled(worker.busy())
+            if not busy:  # the request was cancelled meanwhile, and answered
+                return
+            batch = self._take_batch(worker, busy)
+            worker.running = True
+        try:
+            worker.execute(*batch)
+        finally:
+            with self.lock:
+                worker.running = False
+                if worker.busy() or self._stopping:  # what came meanwhile: the worker's to run
+                    worker.cond.notify()
 
     def _assign(self, sequence: _Sequence, slot: _Slot) -> None:
         slot.sequence, sequence.slot = sequence, slot
@@ -214,8 +245,11 @@ class SequenceBatcher:
     def _next_batch(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
         cond = worker.cond
         while True:
-            if self._stopping and not worker.busy():
+            if self._stopping and not worker.busy() and not worker.running:
                 return None
+            if worker.running:  # a submitting thread is executing on this instance
+                cond.wait()
+                continue
             busy = self._drop_cancelled(worker.busy())
             if busy:
                 wait = self._wait_ns(busy)
@@ -224,6 +258,10 @@ class SequenceBatcher:
                 cond.wait(wait / 1e9)
             else:
                 cond.wait()
+        return self._take_batch(worker, busy)
+
+    def _take_batch(self, worker: _Worker, busy: list[_Slot]) -> tuple[list[InferenceRequest], int]:
+        """The batch to run now from the slots with a request (lock held)."""
         if self.oldest:
             busy.sort(key=lambda s: _head(s).queue[0].enqueue_ns)
             taken = busy[:self.max_batch]
