@@ -59,6 +59,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from host import bls, datatypes
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
 from host.backends.python import pb_utils, settings
@@ -597,6 +599,8 @@ class PythonInstance(Instance):
 def _on_host(data: Any) -> Any:
     """Python models get inputs in CPU memory, as Triton's python backend gives them by default
     (FORCE_CPU_ONLY_INPUT_TENSORS): a device array (CUDA shared memory) is copied to the host."""
+    if type(data) is np.ndarray:  # the common case, without a failed attribute lookup
+        return data
     if hasattr(data, "__cuda_array_interface__"):
         return data.get()  # cupy: the host's device arrays are cupy arrays (host.shm.cuda)
     return data
