@@ -14,6 +14,9 @@ flagged START to the one flagged END. The batcher
   - `oldest`: `max_candidate_sequences` slots per instance; a batch takes the oldest waiting
     request of each sequence, up to `max_batch_size`, and waits up to
     `max_queue_delay_microseconds` for the largest `preferred_batch_size`;
+  when no delay is configured and the instance is idle, the thread that submits a request runs
+  that batch itself (the hand-over to the worker thread and back costs more than a small model's
+  execute); requests that arrive during an execute are the worker thread's to batch;
 - fills in the control inputs (`host.sequence.controls`) and the implicit state
   (`host.sequence.state`) of each request just before its execute;
 - releases a slot at END, and the slot of a sequence idle for longer than
