@@ -742,17 +742,16 @@ def test_unary_deadline_cancels_the_request(client: grpcclient.InferenceServerCl
                                             extra_repository: Path) -> None:
     def blocked() -> None:
         with _raises(grpc.StatusCode.DEADLINE_EXCEEDED):
-            client.infer("cancellable", _tag("unary"), client_timeout=2.0)
+            client.infer("cancellable", _tag("unary"), client_timeout=5.0)
 
     thread = threading.Thread(target=blocked)
     thread.start()
     wait_until(lambda: "unary started" in _read_record(extra_repository), timeout=20)
-    # While the model blocks, other calls are answered.
+    # While the model blocks, other calls are answered: before the blocked call's deadline.
     a = np.ones((1, 16), dtype=np.int32)
-    started = time.monotonic()
     assert client.is_server_ready()
     np.testing.assert_array_equal(client.infer("simple", _simple_inputs(a, a)).as_numpy("OUTPUT0"), a + a)
-    assert time.monotonic() - started < 1.0
+    assert thread.is_alive() and "unary cancelled" not in _read_record(extra_repository)
     thread.join()
     wait_until(lambda: "unary cancelled" in _read_record(extra_repository), timeout=20,
                message=f"the model did not see the cancellation: {_read_record(extra_repository)}")
