@@ -95,8 +95,8 @@ SUPPORT: dict[str, Support] = {
     "sequence_batching": _impl("see docs/sequences.md"),
     "sequence_batching.oldest.preserve_ordering": _none(
         "one sequence's requests already run and answer in order"),
-    "sequence_batching.state.use_same_buffer_for_input_output": _none(
-        "a memory-layout hint; state values are the same either way"),
+    "sequence_batching.state.use_same_buffer_for_input_output": _impl(
+        "native backends write the next state in place, into the input state's memory"),
     "sequence_batching.state.use_growable_memory": _refused(
         "needs KIND_GPU instances (as in Triton)"),
     "sequence_batching.iterative_sequence": _refused(

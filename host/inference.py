@@ -84,6 +84,10 @@ class InferenceRequest:
     sequence_states: Any = None
     # A BLS request: the instances its callers hold while they wait for it (host.bls).
     held: tuple[Any, ...] = ()
+    # Refused by its scheduler when submitted (a sequence without START, a full queue): answered
+    # with the error, but not counted in the model's statistics, as Triton counts only requests
+    # its schedulers took (host.stages).
+    refused: bool = False
 
     @property
     def requested_output_names(self) -> list[str]:

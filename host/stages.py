@@ -127,6 +127,7 @@ class Stages:
             if not isinstance(exc, Exception):
                 log.error("model '%s': %s while scheduling a request", self.name, type(exc).__name__)
             if not request.completed:
+                request.refused = not request.exec_start_ns  # it never reached an execute
                 err = exc if isinstance(exc, HostError) else InternalError(
                     f"{type(exc).__name__}: {exc}" if not isinstance(exc, Exception) else str(exc))
                 request.respond(InferenceResponse(error=err), True)
@@ -187,11 +188,12 @@ class Respond:
                 request.completed = True
                 if request.shm_regions:
                     shm.release_request(request, st.shm)
-                now = time.perf_counter_ns()
-                started = request.exec_start_ns
-                st.stats.request_done(self.error is None, now - request.enqueue_ns,
-                                      (started or now) - request.enqueue_ns,
-                                      request.batch_size if started else 0, self.error)
+                if not request.refused:
+                    now = time.perf_counter_ns()
+                    started = request.exec_start_ns
+                    st.stats.request_done(self.error is None, now - request.enqueue_ns,
+                                          (started or now) - request.enqueue_ns,
+                                          request.batch_size if started else 0, self.error)
                 st.mv.end_request()
                 # The request refers to this object and this object to the request: break the cycle
                 # so reference counting frees both, instead of a garbage collection pause.

@@ -88,6 +88,17 @@ output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },
 instance_group [ { kind: KIND_CPU count: 2 } ]
 """
 
+SINGLE_STATE = """
+backend: "single_state"
+max_batch_size: 0
+sequence_batching {{
+  state [ {{ input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+             use_same_buffer_for_input_output: {same} }} ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
 
 ONNX_STATE = """
 backend: "onnxruntime"
@@ -181,6 +192,11 @@ def server(tmp_path_factory):
         (repo / "native_state" / "config.pbtxt").write_text('name: "native_state"\n' + NATIVE)
         build_library(Path(__file__).parent / "native" / "stateful.c",
                       repo / "native_state" / "libtriton_stateful.so")
+        for name, same in (("single_buffer", "true"), ("two_buffers", "false")):
+            (repo / name / "1").mkdir(parents=True)
+            (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n' + SINGLE_STATE.format(same=same))
+            build_library(Path(__file__).parent / "native" / "single_state.c",
+                          repo / name / "libtriton_single_state.so")
     with serve(repo) as process:
         yield process
 
@@ -448,6 +464,24 @@ def test_native_backend_state_flags_and_correlation_ids(http, grpc):
     assert "state 'NO_SUCH_STATE' is not a valid state name." in error.message()
 
 
+@pytest.mark.skipif(compiler() is None, reason="no C compiler to build the single_state backend")
+def test_a_single_state_buffer_is_written_in_place_and_read_back_as_the_next_input(grpc):
+    """use_same_buffer_for_input_output: the backend writes the next state into the buffer
+    TRITONBACKEND_StateBuffer gives, without StateUpdate, and finds it as the next STATE_IN (the
+    same memory, as Triton's single_state_buffer QA model checks)."""
+    def send(model, value, sid, start=False, end=False):
+        return grpc.infer(model, [_input(grpcclient, value, False)], sequence_id=sid,
+                          sequence_start=start, sequence_end=end).as_numpy("OUTPUT").item()
+
+    assert [send("single_buffer", v, 81, start=v == 1, end=v == 4) for v in (1, 2, 3, 4)] == [1, 3, 6, 10]
+    assert [send("single_buffer", v, 82, start=v == 5, end=v == 6) for v in (5, 6)] == [5, 11]
+    # Without it the state is a copy: the buffer is not the next input (and, with no StateUpdate
+    # call, the value is not carried either).
+    send("two_buffers", 1, 83, start=True)
+    error = _error(lambda: send("two_buffers", 2, 83, end=True))
+    assert error.message() == "Input and output state are using different buffers."
+
+
 def test_the_response_cache_is_refused_for_sequence_models(http):
     reasons = {m["name"]: m.get("reason", "") for m in http.get_model_repository_index()}
     # The index reason carries Triton's status code name first (as Triton's does for a failed load).
@@ -472,6 +506,11 @@ def test_triton_errors_for_bad_sequence_requests(http, grpc):
          "[request id: <id_unknown>] sequence batching control 'CORRID' data-type is 'BYTES', but "
          "model 'sequence_accumulator' expects 'UINT64'"),
     ]
+    def counts():
+        stats = http.get_inference_statistics("sequence_accumulator")["model_stats"][0]
+        return {k: stats["inference_stats"][k]["count"] for k in ("success", "fail", "queue")}
+
+    before = counts()
     for kwargs, message in cases:
         for module, client in ((httpclient, http), (grpcclient, grpc)):
             error = _error(lambda: client.infer("sequence_accumulator", [_input(module, 1)],
@@ -488,6 +527,9 @@ def test_triton_errors_for_bad_sequence_requests(http, grpc):
                                       sequence_start=True))
     assert error.message() == ("inference request to model 'sequence_accumulator' must specify "
                                "batch-size 1 due to requirements of sequence batcher")
+    # Refused by the sequence batcher, they never were the model's requests: as in Triton, they
+    # count neither as failures nor as successes.
+    assert counts() == before
     error = _error(lambda: http.infer("sequence_dyna_string", [_input(httpclient, 1)],
                                       sequence_id="x" * 129, sequence_start=True))
     assert error.message() == "string correlation ID cannot be longer than 128 characters"

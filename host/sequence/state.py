@@ -35,6 +35,9 @@ class StateSpec:
     output_name: str
     datatype: str
     initial: np.ndarray  # read-only; copied into each sequence at its start
+    # use_same_buffer_for_input_output: a native backend writes the next value in place, into
+    # the memory the request's input state lies in (SequenceStates.shared_buffer)
+    single_buffer: bool = False
 
 
 class StateSpecs:
@@ -58,7 +61,8 @@ class StateSpecs:
                 shape = batch + [1 if d == -1 else d for d in state.dims]
                 initial = _zeros(datatype, shape)
             initial.flags.writeable = False
-            self.specs.append(StateSpec(state.input_name, state.output_name, datatype, initial))
+            self.specs.append(StateSpec(state.input_name, state.output_name, datatype, initial,
+                                        state.use_same_buffer_for_input_output and datatype != "BYTES"))
         self.output_names = frozenset(s.output_name for s in self.specs)
 
     def __bool__(self) -> bool:
@@ -130,8 +134,10 @@ class SequenceStates:
         self.reset()
 
     def reset(self) -> None:
+        # A single-buffer state gets memory of its own, which the backend may write.
         self.values = {s.input_name: Tensor(s.input_name, s.datatype, list(s.initial.shape),
-                                            s.initial) for s in self.specs.specs}
+                                            s.initial.copy() if s.single_buffer else s.initial)
+                       for s in self.specs.specs}
 
     def add_to(self, inputs: dict[str, Tensor]) -> None:
         inputs.update(self.values)
@@ -143,6 +149,28 @@ class SequenceStates:
             raise InvalidArgumentError(f"state '{output_name}' is not a valid state name.")
         self.values[spec.input_name] = Tensor(spec.input_name, tensor.datatype,
                                               list(tensor.shape), tensor.data)
+
+    def shared_buffer(self, output_name: str, datatype: str, shape: tuple[int, ...],
+                      byte_size: int) -> np.ndarray | None:
+        """TRITONBACKEND_StateBuffer of a single-buffer state (None for any other): the memory the
+        backend writes the next value into, which is from now on the input state too. It is the
+        current input state's own memory when that has the size asked for (as Triton reuses it),
+        else new memory of that size."""
+        spec = self.by_output.get(output_name)
+        if spec is None or not spec.single_buffer or datatype == "BYTES":
+            return None
+        current = self.values[spec.input_name].data
+        if (isinstance(current, np.ndarray) and current.nbytes == byte_size
+                and current.flags.writeable and current.flags.c_contiguous):
+            memory = current.reshape(-1).view(np.uint8)
+        else:
+            memory = np.zeros(byte_size, np.uint8)
+        dtype = datatypes.to_numpy(datatype)
+        count = int(np.prod(shape)) if shape else 1
+        if count * dtype.itemsize == byte_size:
+            self.values[spec.input_name] = Tensor(spec.input_name, datatype, list(shape),
+                                                  memory.view(dtype).reshape(shape))
+        return memory
 
     def update_from_native(self, output_name: str, datatype: str, shape: tuple[int, ...],
                            buffer: bytes) -> None:

@@ -178,6 +178,7 @@ static void request_free(TRITONBACKEND_Request* r, bool gil_held) {
   for (uint32_t i = 0; i < r->input_count; i++)
     if (r->inputs[i].view.obj != NULL) PyBuffer_Release(&r->inputs[i].view);
   if (r->py) mh_pyref_unref(r->py);
+  mh_states_free(r->states); /* may release views of the host's state buffers: GIL held */
   if (!gil_held) PyGILState_Release(gil);
   for (uint32_t i = 0; i < r->input_count; i++) {
     free(r->inputs[i].name);
@@ -189,7 +190,6 @@ static void request_free(TRITONBACKEND_Request* r, bool gil_held) {
   mh_params_free(r->params, r->param_count);
   free(r->id);
   free(r->correlation_id_string);
-  mh_states_free(r->states);
   free(r);
 }
 

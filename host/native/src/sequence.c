@@ -23,6 +23,9 @@ struct TRITONBACKEND_State {
   void* buffer;
   uint64_t byte_size;
   TRITONSERVER_BufferAttributes attributes;
+  /* use_same_buffer_for_input_output: a view of the sequence's own state memory, which is also
+   * the next request's input state (written in place; nothing to copy at StateUpdate). */
+  Py_buffer shared;
 };
 
 /* --- correlation id and flags ----------------------------------------------------------------- */
@@ -112,20 +115,65 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state
   return NULL;
 }
 
+/* 1: `state` is single-buffered and `buffer` points at the sequence's state memory; 0: it is not
+ * single-buffered; -1: Python failed (GIL held; the error is cleared). */
+static int shared_state_buffer(TRITONBACKEND_State* state, uint64_t byte_size) {
+  PyObject* states = sequence_states(state->request);
+  if (states == NULL) return 0;
+  PyObject* shape = PyTuple_New(state->dims_count);
+  for (uint32_t d = 0; shape != NULL && d < state->dims_count; d++)
+    PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(state->shape[d]));
+  PyObject* array = shape == NULL ? NULL
+      : PyObject_CallMethod(states, "shared_buffer", "ssOK", state->name,
+                            TRITONSERVER_DataTypeString(state->datatype), shape,
+                            (unsigned long long)byte_size);
+  Py_XDECREF(shape);
+  Py_DECREF(states);
+  if (array == NULL) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (array == Py_None) {
+    Py_DECREF(array);
+    return 0;
+  }
+  if (state->shared.obj != NULL) PyBuffer_Release(&state->shared);
+  int rc = PyObject_GetBuffer(array, &state->shared, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS);
+  Py_DECREF(array); /* the view holds its own reference */
+  if (rc != 0) {
+    PyErr_Clear();
+    return -1;
+  }
+  return 1;
+}
+
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBuffer(TRITONBACKEND_State* state, void** buffer,
                                                         const uint64_t buffer_byte_size,
                                                         TRITONSERVER_MemoryType* memory_type,
                                                         int64_t* memory_type_id) {
-  if (state->buffer == NULL || state->byte_size != buffer_byte_size) {
-    void* grown = realloc(state->buffer, buffer_byte_size ? buffer_byte_size : 1);
-    if (grown == NULL)
-      return mh_error(TRITONSERVER_ERROR_INTERNAL, "failed to allocate %llu bytes for state '%s'",
-                      (unsigned long long)buffer_byte_size, state->name);
-    state->buffer = grown;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int shared = shared_state_buffer(state, buffer_byte_size);
+  if (shared == 1) {
     state->byte_size = buffer_byte_size;
+    state->attributes.byte_size = (size_t)buffer_byte_size;
+    *buffer = state->shared.buf;
   }
-  state->attributes.byte_size = (size_t)buffer_byte_size;
-  *buffer = state->buffer;
+  PyGILState_Release(gil);
+  if (shared < 0)
+    return mh_error(TRITONSERVER_ERROR_INTERNAL, "failed to give a buffer to state '%s'",
+                    state->name);
+  if (shared == 0) {
+    if (state->buffer == NULL || state->byte_size != buffer_byte_size) {
+      void* grown = realloc(state->buffer, buffer_byte_size ? buffer_byte_size : 1);
+      if (grown == NULL)
+        return mh_error(TRITONSERVER_ERROR_INTERNAL, "failed to allocate %llu bytes for state '%s'",
+                        (unsigned long long)buffer_byte_size, state->name);
+      state->buffer = grown;
+      state->byte_size = buffer_byte_size;
+    }
+    state->attributes.byte_size = (size_t)buffer_byte_size;
+    *buffer = state->buffer;
+  }
   *memory_type = TRITONSERVER_MEMORY_CPU; /* host memory only: the host has no device memory */
   *memory_type_id = 0;
   return NULL;
@@ -139,6 +187,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBufferAttributes(
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateUpdate(TRITONBACKEND_State* state) {
   TRITONSERVER_Error* err = NULL;
+  if (state->shared.obj != NULL) return NULL; /* written in place: already the next input */
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* states = sequence_states(state->request);
   PyObject* shape = PyTuple_New(state->dims_count);
@@ -173,6 +222,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateUpdate(TRITONBACKEND_State* sta
 void mh_states_free(TRITONBACKEND_State* states) {
   while (states != NULL) {
     TRITONBACKEND_State* next = states->next;
+    if (states->shared.obj != NULL) PyBuffer_Release(&states->shared);
     free(states->name);
     free(states->shape);
     free(states->buffer);
