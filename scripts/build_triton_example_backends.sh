@@ -3,19 +3,49 @@
 # headers, the way Triton's build links them (NEEDED libtritonserver.so), here against modelhost's
 # bridge. Used to check that backends built for Triton load and serve unchanged in modelhost
 # (docs/native.md). Needs g++, rapidjson headers (apt rapidjson-dev) and source checkouts of
-# triton-inference-server/{core,backend,common,identity_backend,repeat_backend} under SRC:
+# triton-inference-server/{core,backend,common,identity_backend,repeat_backend} under SRC, and
+# optionally server (for its sequence test backends):
 #
 #   scripts/build_triton_example_backends.sh SRC OUT
-#   -> OUT/libtriton_identity.so, OUT/libtriton_repeat.so
+#   -> OUT/libtriton_identity.so, OUT/libtriton_repeat.so (and, with SRC/server,
+#      libtriton_{sequence,dyna_sequence,implicit_state,iterative_sequence}.so)
 set -euo pipefail
 SRC=$(realpath "$1"); OUT=$(realpath -m "$2")
 BRIDGE=$(python -c 'import importlib.util as u; print(u.find_spec("host.native.libtritonserver").origin)')
 mkdir -p "$OUT"
 common=("$SRC"/backend/src/backend_{common,model,model_instance,input_collector,output_responder,memory}.cc
         "$SRC"/common/src/{async_work_queue,thread_pool,error}.cc)
-for name in identity repeat; do
+build() {  # name source [extra g++ flags]
     g++ -std=c++17 -shared -fPIC -O2 -I"$SRC/core/include" -I"$SRC/backend/include" -I"$SRC/common/include" \
-        "$SRC/${name}_backend/src/${name}.cc" "${common[@]}" -o "$OUT/libtriton_${name}.so" \
+        "${@:3}" "$2" "${common[@]}" -o "$OUT/libtriton_$1.so" \
         -L"$(dirname "$BRIDGE")" -l:"$(basename "$BRIDGE")" -lpthread
-    echo "built $OUT/libtriton_${name}.so"
+    echo "built $OUT/libtriton_$1.so"
+}
+for name in identity repeat; do
+    build "$name" "$SRC/${name}_backend/src/${name}.cc"
 done
+# Triton's sequence test backends (server/src/test, used by its L0_sequence_batcher and
+# L0_implicit_state QA): when the server checkout is there. Their GPU branches call four CUDA
+# runtime functions unconditionally; a CPU build gets stand-ins that are never reached.
+if [ -d "$SRC/server/src/test" ]; then
+    stub="$OUT/cuda_stub.h"
+    cat > "$stub" <<'STUB'
+#pragma once
+#include <stddef.h>
+typedef int cudaError_t;
+typedef void* cudaStream_t;
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                      cudaMemcpyDeviceToDevice };
+static const cudaError_t cudaSuccess = 0;
+static inline cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind) { return 1; }
+static inline cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind,
+                                          cudaStream_t) { return 1; }
+static inline cudaError_t cudaMemset(void*, int, size_t) { return 1; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 1; }
+static inline const char* cudaGetErrorString(cudaError_t) { return "no CUDA"; }
+#define LOG_IF_CUDA_ERROR(X, MSG) (void)(X)
+STUB
+    for name in sequence dyna_sequence implicit_state iterative_sequence; do
+        build "$name" "$SRC/server/src/test/$name/src/$name.cc" -include "$stub"
+    done
+fi
