@@ -99,8 +99,9 @@ SUPPORT: dict[str, Support] = {
         "native backends write the next state in place, into the input state's memory"),
     "sequence_batching.state.use_growable_memory": _refused(
         "needs KIND_GPU instances (as in Triton)"),
-    "sequence_batching.iterative_sequence": _refused(
-        "iterative sequences need request rescheduling, which is not supported"),
+    "sequence_batching.iterative_sequence": _impl(
+        "requests without a correlation id start their own sequence; a native backend reschedules "
+        "them (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)"),
     "ensemble_scheduling": _impl("see the ensemble documentation"),
     "instance_group": _impl(),
     "instance_group.rate_limiter": _refused("the rate limiter is not supported"),
@@ -174,7 +175,6 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
         c.optimization.execution_accelerators.cpu_execution_accelerator) > 0,
     "sequence_batching.state.use_growable_memory": lambda c: any(
         s.use_growable_memory for s in c.sequence_batching.state),
-    "sequence_batching.iterative_sequence": lambda c: c.sequence_batching.iterative_sequence,
     "instance_group.rate_limiter": lambda c: any(
         g.HasField("rate_limiter") and (g.rate_limiter.resources or g.rate_limiter.priority > 1)
         for g in c.instance_group),

@@ -88,10 +88,22 @@ class InferenceRequest:
     # with the error, but not counted in the model's statistics, as Triton counts only requests
     # its schedulers took (host.stages).
     refused: bool = False
+    # Iterative sequences (host.sequence.batcher): the batcher that takes this request back when
+    # its backend releases it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, and whether it did.
+    rescheduler: Any = None
+    rescheduled: bool = False
 
     @property
     def requested_output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
+
+    def reschedule(self) -> str:
+        """The backend released this request to run again (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+        "" once it is queued again, else Triton's reason why it cannot be."""
+        if self.rescheduler is None:
+            return ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the "
+                    "model is not configured to handle such a flag.")
+        return self.rescheduler.reschedule(self)
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -315,6 +315,16 @@ def test_json_accepts_camel_case_and_lowercase_enums() -> None:
     assert cfg.instance_group[0].kind == ModelInstanceGroup.KIND_GPU
 
 
+def test_json_accepts_bare_word_keys_as_tritons_protobuf_parser_does() -> None:
+    # Triton's own QA loads `..., direct: { "max_queue_delay_microseconds": 10 } ...`
+    cfg = config_from_json('{"name": "m", sequence_batching: {iterative_sequence: true, '
+                           'direct: {"max_queue_delay_microseconds": 10}}, '
+                           '"parameters": {"k": {"string_value": "a: b, c: {d: 1}"}}}')
+    assert cfg.sequence_batching.iterative_sequence
+    assert cfg.sequence_batching.direct.max_queue_delay_microseconds == 10
+    assert cfg.parameters["k"].string_value == "a: b, c: {d: 1}"  # strings are left alone
+
+
 @pytest.mark.parametrize("bad", [
     '{"name": "m", "no_such_field": 1}',
     '{"name": ',

@@ -57,7 +57,6 @@ REFUSED_CONFIGS = {
     "sequence_batching.state.use_growable_memory":
         'sequence_batching { state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 '
         "dims: [ 1 ] use_growable_memory: true } ] }",
-    "sequence_batching.iterative_sequence": "sequence_batching { iterative_sequence: true }",
     "instance_group.rate_limiter":
         'instance_group [ { rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
     "instance_group.secondary_devices":

@@ -100,6 +100,17 @@ output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
 
+ITERATIVE = """
+backend: "iterative"
+max_batch_size: 1
+model_transaction_policy {{ decoupled: true }}
+sequence_batching {{ {sequence} }}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+
 ONNX_STATE = """
 backend: "onnxruntime"
 max_batch_size: 4
@@ -192,6 +203,13 @@ def server(tmp_path_factory):
         (repo / "native_state" / "config.pbtxt").write_text('name: "native_state"\n' + NATIVE)
         build_library(Path(__file__).parent / "native" / "stateful.c",
                       repo / "native_state" / "libtriton_stateful.so")
+        for name, sequence in (("iterative", "iterative_sequence: true"),
+                               ("not_iterative", "direct { }")):
+            (repo / name / "1").mkdir(parents=True)
+            (repo / name / "config.pbtxt").write_text(
+                f'name: "{name}"\n' + ITERATIVE.format(sequence=sequence))
+            build_library(Path(__file__).parent / "native" / "iterative.c",
+                          repo / name / "libtriton_iterative.so")
         for name, same in (("single_buffer", "true"), ("two_buffers", "false")):
             (repo / name / "1").mkdir(parents=True)
             (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n' + SINGLE_STATE.format(same=same))
@@ -480,6 +498,60 @@ def test_a_single_state_buffer_is_written_in_place_and_read_back_as_the_next_inp
     send("two_buffers", 1, 83, start=True)
     error = _error(lambda: send("two_buffers", 2, 83, end=True))
     assert error.message() == "Input and output state are using different buffers."
+
+
+def _stream(grpc, model, requests):
+    """Send `requests` (request id -> INPUT value, and sequence kwargs) on one gRPC stream; the
+    responses of each request, (OUTPUT, FLAGS, final) in order, or its error text."""
+    results: queue.Queue = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for request_id, (value, kwargs) in requests.items():
+            grpc.async_stream_infer(model, [_input(grpcclient, value)], request_id=request_id,
+                                    enable_empty_final_response=True, **kwargs)
+        got: dict[str, list] = {r: [] for r in requests}
+        finished = set()
+        while len(finished) < len(requests):
+            result, error = results.get(timeout=30)
+            if error is not None:
+                request_id = next(r for r in requests if r not in finished)
+                got[request_id] = error.message()
+                finished.add(request_id)
+                continue
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            got[response.id].append((int(result.as_numpy("OUTPUT").item()),
+                                     int(result.as_numpy("FLAGS").item()), final))
+            if final:
+                finished.add(response.id)
+        return got
+    finally:
+        grpc.stop_stream()
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C compiler to build the iterative backend")
+def test_iterative_sequences_run_a_request_again_until_its_backend_is_done(grpc):
+    """iterative_sequence: a request without a correlation id starts a sequence of its own; its
+    backend releases it with RESCHEDULE and it runs again (neither START nor END), one response
+    a run, until the final one. Two requests on one stream, with one batch slot: the second
+    waits in the backlog until the first sequence ends."""
+    got = _stream(grpc, "iterative", {"a": (3, {}), "b": (2, {})})
+    for request_id, runs in (("a", 3), ("b", 2)):
+        responses = got[request_id]
+        assert [(out % 1000, flags, final) for out, flags, final in responses] == \
+            [(runs - 1 - k, 1 if k == 0 else 0, k == runs - 1) for k in range(runs)]
+        assert len({out // 1000 for out, _, _ in responses}) == 1  # one correlation id a request
+    assert got["a"][0][0] // 1000 != got["b"][0][0] // 1000 > 0
+    # the slots are free again: a third request runs at once
+    assert [out % 1000 for out, _, _ in _stream(grpc, "iterative", {"c": (1, {})})["c"]] == [0]
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C compiler to build the iterative backend")
+def test_rescheduling_a_request_of_a_model_that_is_not_iterative_is_tritons_error(grpc):
+    got = _stream(grpc, "not_iterative", {"x": (2, dict(sequence_id=61, sequence_start=True,
+                                                        sequence_end=True))})
+    assert got["x"] == ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while "
+                        "the model is not configured to handle such a flag.")
 
 
 def test_the_response_cache_is_refused_for_sequence_models(http):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,14 +57,33 @@ def config_from_json(data: str | bytes | dict) -> ModelConfig:
     Unknown fields are errors; enum names are matched case-insensitively, as Triton does.
     """
     try:
-        if isinstance(data, (str, bytes, bytearray)):
-            data = json.loads(data)
+        if isinstance(data, (bytes, bytearray)):
+            data = data.decode()
+        if isinstance(data, str):
+            data = json.loads(_quote_bare_keys(data))
         if not isinstance(data, dict):
             raise InvalidArgumentError(
                 f"model configuration JSON must be an object, got {type(data).__name__}")
         return json_format.ParseDict(_upper_enum_names(data, ModelConfig.DESCRIPTOR), ModelConfig())
     except (json_format.ParseError, ValueError, TypeError) as exc:
         raise InvalidArgumentError(f"failed to parse model configuration JSON: {exc}") from None
+
+
+# A string, or an identifier used as an object key (`direct: {...}`). Triton parses config
+# overrides with protobuf's JSON parser, which takes such bare-word keys (Triton's own QA sends
+# them); the standard JSON reader here does not, so they are quoted first. Strings are matched
+# whole, so nothing inside one is touched.
+_KEY_OR_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\b([A-Za-z_][A-Za-z0-9_]*)(?=\s*:)')
+
+
+def _quote_bare_keys(text: str) -> str:
+    def quote(match: re.Match) -> str:
+        word = match.group(1)
+        if word is None or word in ("true", "false", "null"):
+            return match.group(0)
+        return f'"{word}"'
+
+    return _KEY_OR_STRING.sub(quote, text)
 
 
 def config_to_json(cfg: ModelConfig) -> dict[str, Any]:

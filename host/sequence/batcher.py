@@ -30,6 +30,7 @@ the CORRID control, batch size 1, a non-zero id, and START on the first request 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -126,7 +127,7 @@ class _Worker:
             log.error("model '%s': sequence batch failed", batcher.name, exc_info=exc)
             error = InternalError(f"{type(exc).__name__}: {exc}")
             for request in requests:
-                if not request.completed:
+                if not request.completed and not request.rescheduled:
                     request.respond(InferenceResponse(error=error), True)
 
 
@@ -143,6 +144,11 @@ class SequenceBatcher:
         self.max_batch = max(cfg.max_batch_size, 1)
         self.batching = cfg.max_batch_size > 0
         self.idle_ns = seq.max_sequence_idle_microseconds * 1000
+        # Iterative sequences: a request without a correlation id starts a sequence of its own
+        # (ids from 1, as Triton's IterativeSequencer), and runs again for as long as its backend
+        # releases it with RESCHEDULE; the sequence ends with its final response.
+        self.iterative = seq.iterative_sequence
+        self._auto_ids = itertools.count(1)
         self.oldest = seq.WhichOneof("strategy_choice") == "oldest"
         if self.oldest:
             slots = max(seq.oldest.max_candidate_sequences, 1)
@@ -176,6 +182,8 @@ class SequenceBatcher:
             raise InvalidArgumentError(
                 f"inference request to model '{self.name}' must specify batch-size 1 due to "
                 "requirements of sequence batcher")
+        if self.iterative and not in_sequence(request.sequence_id):
+            request.sequence_id, request.sequence_start = next(self._auto_ids), True
         sequence_id = request.sequence_id
         if not in_sequence(sequence_id):
             raise InvalidArgumentError(
@@ -319,10 +327,43 @@ class SequenceBatcher:
                 states.reset()
             states.add_to(request.inputs)
             request.sequence_states = states
-            request.callback = _StateCapture(request.callback, states, self.config_outputs)
+            if not request.rescheduled:  # a rescheduled request has its capture already
+                request.callback = _StateCapture(request.callback, states, self.config_outputs)
+        if self.iterative:
+            request.rescheduled = False
+            if request.rescheduler is None:  # its first run: the sequence ends with its answer
+                request.rescheduler = self
+                request.callback = _IterativeEnd(request.callback, self, sequence)
         if request.sequence_end or (sequence.expired and not sequence.queue):
             self._release(slot)
         return request
+
+    # --- iterative sequences -----------------------------------------------------------------
+    def reschedule(self, request: InferenceRequest) -> str:
+        """The backend released `request` to run again: it goes back to its sequence's queue,
+        neither START nor END. "" when queued; Triton's error when the sequence is gone (idle
+        for longer than max_sequence_idle_microseconds)."""
+        with self.lock:
+            sequence = self._sequences.get(request.sequence_id)
+            if sequence is None or sequence.slot is None:
+                return (f"inference request for sequence {request.sequence_id} to model "
+                        f"'{self.name}' must specify the START flag on the first request of the "
+                        "sequence")
+            request.sequence_start = request.sequence_end = False
+            request.rescheduled = True
+            sequence.queue.append(request)
+            sequence.last_ns = time.monotonic_ns()
+            sequence.slot.worker.cond.notify()
+        return ""
+
+    def _end_iterative(self, sequence: _Sequence) -> None:
+        """An iterative sequence's request has had its final response: the sequence is over."""
+        with self.lock:
+            if self._sequences.get(sequence.id) is sequence:
+                del self._sequences[sequence.id]
+            slot = sequence.slot
+            if slot is not None and not sequence.queue:
+                self._release(slot)
 
     def _padding(self, like: InferenceRequest) -> InferenceRequest:
         """A row for a slot without a request: zeros shaped like `like`'s inputs, the controls
@@ -387,6 +428,21 @@ class SequenceBatcher:
     def active_sequences(self) -> int:
         with self.lock:
             return sum(1 for w in self.workers for s in w.slots if s.sequence is not None)
+
+
+class _IterativeEnd:
+    """Wraps the callback of an iterative sequence's request: its final response ends the
+    sequence (frees its slot), as Triton's IterativeSequencer does when the request is released."""
+
+    __slots__ = ("callback", "batcher", "sequence")
+
+    def __init__(self, callback: Any, batcher: SequenceBatcher, sequence: _Sequence) -> None:
+        self.callback, self.batcher, self.sequence = callback, batcher, sequence
+
+    def __call__(self, response: InferenceResponse | None, final: bool) -> None:
+        self.callback(response, final)
+        if final:
+            self.batcher._end_iterative(self.sequence)
 
 
 class _StateCapture:

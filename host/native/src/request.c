@@ -382,10 +382,29 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestOutputBufferProperties(
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request* request,
                                                            uint32_t release_flags) {
-  if (release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
-    return mh_error(TRITONSERVER_ERROR_UNSUPPORTED,
-                    "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
-                    "supported by modelhost");
+  if (release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) {
+    /* An iterative sequence's request runs again (host.sequence.batcher): the host queues the
+     * same request anew, and this handle is done. Any other model refuses, with Triton's error;
+     * the backend then releases the request with RELEASE_ALL. */
+    if (atomic_load(&request->released))
+      return mh_error(TRITONSERVER_ERROR_INVALID_ARG, "request '%s' was already released",
+                      request->id);
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* why = PyObject_CallMethod(request->py->request, "reschedule", NULL);
+    TRITONSERVER_Error* err = NULL;
+    if (why == NULL) {
+      PyErr_Clear();
+      err = mh_error(TRITONSERVER_ERROR_INTERNAL, "failed to reschedule request '%s'", request->id);
+    } else if (PyUnicode_Check(why) && PyUnicode_GetLength(why) > 0) {
+      err = mh_error(TRITONSERVER_ERROR_INVALID_ARG, "%s", PyUnicode_AsUTF8(why));
+    }
+    Py_XDECREF(why);
+    PyGILState_Release(gil);
+    if (err != NULL) return err;
+    atomic_store(&request->released, true);
+    mh_request_unref(request);
+    return NULL;
+  }
   if (atomic_exchange(&request->released, true))
     return mh_error(TRITONSERVER_ERROR_INVALID_ARG, "request '%s' was already released", request->id);
   mh_request_unref(request);
