@@ -111,6 +111,61 @@ output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
 
+PY_ITERATIVE = """
+backend: "python"
+max_batch_size: 0
+{policy}
+sequence_batching {{ iterative_sequence: true }}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+
+# Decoupled: IN responses counting down, one a run, the request rescheduled until the last.
+# Non-decoupled ("once"): the first run of each request is rescheduled without an answer, the
+# second answers OUT = IN + runs so far; "wrong" returns a response for a rescheduled request.
+PY_ITERATIVE_CODE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_name"]
+        self.left = {}
+        self.runs = 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            key = request.correlation_id()
+            self.runs += 1
+            if self.name == "py_iterative":
+                left = self.left.get(key, value) - 1
+                self.left[key] = left
+                out = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([left], np.int32))])
+                if left > 0:
+                    request.set_release_flags(RESCHEDULE)
+                    request.get_response_sender().send(out)
+                else:
+                    del self.left[key]
+                    request.get_response_sender().send(
+                        out, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            out = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value + self.runs], np.int32))])
+            if key not in self.left:
+                self.left[key] = 1
+                request.set_release_flags(RESCHEDULE)
+                responses.append(out if self.name == "py_wrong" else None)
+            else:
+                del self.left[key]
+                responses.append(out)
+        return None if self.name == "py_iterative" else responses
+"""
+
 ONNX_STATE = """
 backend: "onnxruntime"
 max_batch_size: 4
@@ -192,6 +247,11 @@ def server(tmp_path_factory):
     (repo / "state_file" / "initial_state").mkdir()
     (repo / "state_file" / "initial_state" / "hundred.bin").write_bytes(
         np.array([100], dtype=np.int32).tobytes())
+    for name, policy in (("py_iterative", "model_transaction_policy { decoupled: true }"),
+                         ("py_once", ""), ("py_wrong", "")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n' + PY_ITERATIVE.format(policy=policy))
+        (repo / name / "1" / "model.py").write_text(PY_ITERATIVE_CODE)
     _model(repo, "cached", REPORT.format(max_batch=1, idle=1_000_000, strategy="")
            + "response_cache { enable: true }", report)
     if _has_onnx():
@@ -552,6 +612,33 @@ def test_rescheduling_a_request_of_a_model_that_is_not_iterative_is_tritons_erro
                                                         sequence_end=True))})
     assert got["x"] == ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while "
                         "the model is not configured to handle such a flag.")
+
+
+def test_python_models_reschedule_requests_of_iterative_sequences(grpc, http):
+    """pb_utils request.set_release_flags(RESCHEDULE), as Triton's python backend: a decoupled
+    model answers a run at a time; a non-decoupled one returns None for the rescheduled request
+    and answers on a later run; returning a response for it is Triton's error."""
+    results: queue.Queue = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        value = grpcclient.InferInput("IN", [1], "INT32")
+        value.set_data_from_numpy(np.array([3], dtype=np.int32))
+        grpc.async_stream_infer("py_iterative", [value])
+        got = []
+        for _ in range(3):
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            got.append(int(result.as_numpy("OUT")[0]))
+        assert got == [2, 1, 0]
+    finally:
+        grpc.stop_stream()
+    value = httpclient.InferInput("IN", [1], "INT32")
+    value.set_data_from_numpy(np.array([10], dtype=np.int32))
+    runs = [int(http.infer("py_once", [value]).as_numpy("OUT")[0]) - 10 for _ in range(2)]
+    assert runs == [2, 4]  # answered on each request's second run
+    error = _error(lambda: http.infer("py_wrong", [value]))
+    assert "Expected a None object in the execute function return list for reschduled request" \
+        in error.message()
 
 
 def test_the_response_cache_is_refused_for_sequence_models(http):

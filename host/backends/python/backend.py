@@ -36,7 +36,11 @@ their instance count.
 BLS (`InferenceRequest.exec`/`async_exec`, `load_model`, ...): `host.backends.python.bls` (in
 thread mode; a model in process mode gets a clear error).
 
-Not supported (yet): request rescheduling; the optional `is_ready()`; GPU-resident tensors
+Request rescheduling (`request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`, for
+iterative sequences): once execute returns, the request runs again; a non-decoupled model returns
+None for it (anything else fails the execute with Triton's message). Thread mode only.
+
+Not supported (yet): the optional `is_ready()`; GPU-resident tensors
 (tensors live in CPU memory); custom metrics are not exported.
 """
 
@@ -431,12 +435,27 @@ class PythonInstance(Instance):
                     self._run_in_background(result, states)
                     return None
                 result = self._run_coroutine(result)
-            return self._collect(result, states)
+            responses = self._collect(result, states)
         except BaseException as exc:  # noqa: BLE001 - even sys.exit() fails only these requests
             if self.exit_ends_process and isinstance(exc, SystemExit):
                 raise  # in a stub process (process mode) it ends the stub, as in Triton
             self._fail_all(states, exc)
             return None
+        self._reschedule(states)
+        return responses
+
+    def _reschedule(self, states: list[_RequestState]) -> None:
+        """Requests the model released with RESCHEDULE run again (host.sequence.batcher); one the
+        host cannot take back is answered with the reason, as it would get no answer otherwise."""
+        for s in states:
+            if s.pb_request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                continue
+            why = ("Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
+                   "supported for python models in process mode") if self.exit_ends_process \
+                else s.request.reschedule()
+            if why:
+                log.error("Failed to release request: %s", why)
+                s.fail(why)
 
     def _fail_all(self, states: list[_RequestState], exc: BaseException) -> None:
         """The model raised: every request still waiting gets Triton's error text."""
@@ -464,7 +483,12 @@ class PythonInstance(Instance):
                 "Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{len(states)}, and InferenceResponse(s) "
                 f"size is:{len(result)}\n")
-        for response in result:
+        reschedule = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        for response, s in zip(result, states):
+            if response is not None and s.pb_request._release_flags == reschedule:
+                raise _StubError(
+                    "Expected a None object in the execute function return list for reschduled "
+                    f"request, found type '{type(response)}'.")  # (Triton's spelling)
             if response is not None and not isinstance(response, pb_utils.InferenceResponse):
                 raise _StubError(
                     "Expected an 'InferenceResponse' object in the execute function return list, "
@@ -477,6 +501,8 @@ class PythonInstance(Instance):
         for response, s in zip(result, states):
             if response is not None:
                 s.sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif s.pb_request._release_flags == reschedule:
+                continue  # it runs again (_reschedule)
             elif not s.sender._is_closed():
                 s.fail(f"Python model '{self.name}' returned no response for request "
                        f"'{s.request.id}' and did not send its final response with the response "

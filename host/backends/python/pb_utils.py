@@ -571,11 +571,9 @@ class InferenceRequest:
         return self._cancelled()
 
     def set_release_flags(self, flags: int) -> None:
-        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported "
-                "by the in-process python backend")
-        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+        """RESCHEDULE: once execute returns, the request runs again (iterative sequences; a
+        non-decoupled model returns None for it). The host does it (backend.PythonInstance)."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
             raise TritonModelException(f"invalid request release flags {flags}")
         self._release_flags = flags
 
