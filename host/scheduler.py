@@ -17,6 +17,7 @@ different instances of a model run in parallel.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -126,6 +127,16 @@ def _run_reentrant(model: ModelVersion, slots: list[InstanceSlot], request: Infe
     return True
 
 
+def delay_count(variable: str) -> int:
+    """Triton's scheduler testing hooks (TRITONSERVER_DELAY_SCHEDULER,
+    TRITONSERVER_BACKLOG_DELAY_SCHEDULER): a batcher forms no batch until that many requests are
+    queued, so that a test sees a known batch. 0 (off) unless the variable holds a count."""
+    try:
+        return max(int(os.environ.get(variable, "0")), 0)
+    except ValueError:
+        return 0
+
+
 class DirectScheduler:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
@@ -186,6 +197,8 @@ class DynamicBatcher:
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
         self.max_delay_ns = max_delay_us * 1000
+        # Triton's testing hook: hold batches until this many requests are queued (once).
+        self._delay_count = delay_count("TRITONSERVER_DELAY_SCHEDULER")
         # Priority levels, queue sizes and timeouts as Triton's (host.queue_policy).
         self._queue = RequestQueue(queue_config)
         lock = threading.Lock()
@@ -240,10 +253,12 @@ class DynamicBatcher:
         try:
             with self._cond:
                 queue = self._queue
-                while not queue:
+                while not queue or (self._delay_count and len(queue) < self._delay_count
+                                    and not self._stopping):
                     if self._stopping:
                         return None
-                    self._cond.wait()
+                    self._cond.wait(0.01 if self._delay_count else None)
+                self._delay_count = 0
                 front = queue.front()
                 assert front is not None
                 deadline = front.enqueue_ns + self.max_delay_ns

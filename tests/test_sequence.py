@@ -757,3 +757,24 @@ def test_initial_state_shapes(tmp_path):
     assert inputs["A"].shape == [1, 2, 3] and inputs["A"].data.tolist() == [[[0, 1, 2], [3, 4, 5]]]
     assert inputs["B"].shape == [1, 1, 2] and inputs["B"].data.dtype == np.int64
     assert not inputs["B"].data.any()  # no initial_state: zeros, variable dims as 1
+
+
+# --- Triton's scheduler testing hooks ------------------------------------------------------------
+
+def test_triton_delay_scheduler_hook_holds_batches_until_enough_requests_are_queued(tmp_path):
+    """TRITONSERVER_DELAY_SCHEDULER=N (Triton's QA sets it to see known batches): the sequence
+    batcher and the dynamic batcher form no batch until N requests are queued, once."""
+    for name in ("sequence_accumulator", "batched_add"):
+        shutil.copytree(ROOT / "model_repository" / name, tmp_path / name)
+    with serve(tmp_path, env={"TRITONSERVER_DELAY_SCHEDULER": "3"}) as server:
+        http = httpclient.InferenceServerClient(server.url, concurrency=3, network_timeout=60)
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        pending = [http.async_infer("batched_add", [x]) for _ in range(3)]
+        assert [int(p.get_result().as_numpy("BATCH").item()) for p in pending] == [3, 3, 3]
+        pending = [http.async_infer("sequence_accumulator", [_input(httpclient, k + 1)],
+                                    sequence_id=300 + k, sequence_start=True)
+                   for k in range(3)]
+        assert sorted(int(p.get_result().as_numpy("OUTPUT").item()) for p in pending) == [1, 2, 3]
+        assert _batches(http, "sequence_accumulator") == {3: 1}  # the three in one execute
+        http.close()

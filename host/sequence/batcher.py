@@ -40,7 +40,7 @@ import numpy as np
 
 from host.errors import CancelledError, InternalError, InvalidArgumentError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
-from host.scheduler import InstanceSlot, execute_batch
+from host.scheduler import InstanceSlot, delay_count, execute_batch
 from host.sequence.controls import Controls, in_sequence
 from host.sequence.state import SequenceStates, StateSpecs
 
@@ -161,6 +161,10 @@ class SequenceBatcher:
             self.target = self.max_batch
             self.delay_ns = seq.direct.max_queue_delay_microseconds * 1000
             self.utilization = seq.direct.minimum_slot_utilization
+        # Triton's testing hooks: no batch until this many requests are queued over all the
+        # instances' slots, and this many in the backlog (then never again).
+        self._delay = delay_count("TRITONSERVER_DELAY_SCHEDULER")
+        self._backlog_delay = delay_count("TRITONSERVER_BACKLOG_DELAY_SCHEDULER")
         self.lock = threading.Lock()
         self._sequences: dict[int | str, _Sequence] = {}  # started, END not yet received
         self._backlog: collections.deque[_Sequence] = collections.deque()
@@ -219,7 +223,7 @@ class SequenceBatcher:
             if slot is None:
                 return
             worker = slot.worker
-            if worker.running or self.delay_ns or self._stopping:
+            if worker.running or self.delay_ns or self._stopping or self._delay:
                 worker.cond.notify()
                 return
             # The instance is idle and nothing is worth waiting for: run the batch in this thread,
@@ -261,6 +265,11 @@ class SequenceBatcher:
             if worker.running:  # a submitting thread is executing on this instance
                 cond.wait()
                 continue
+            if self._delay:
+                if self._delaying():
+                    cond.wait(0.01)
+                    continue
+                self._delay = 0
             busy = self._drop_cancelled(worker.busy())
             if busy:
                 wait = self._wait_ns(busy)
@@ -270,6 +279,16 @@ class SequenceBatcher:
             else:
                 cond.wait()
         return self._take_batch(worker, busy)
+
+    def _delaying(self) -> bool:
+        """TRITONSERVER_DELAY_SCHEDULER: fewer requests queued than asked for, over every slot
+        (and in the backlog, with TRITONSERVER_BACKLOG_DELAY_SCHEDULER)."""
+        if self._stopping:
+            return False
+        queued = sum(len(s.sequence.queue) for w in self.workers for s in w.slots
+                     if s.sequence is not None)
+        backlog = sum(len(sequence.queue) for sequence in self._backlog)
+        return queued < self._delay or backlog < self._backlog_delay
 
     def _take_batch(self, worker: _Worker, busy: list[_Slot]) -> tuple[list[InferenceRequest], int]:
         """The batch to run now from the slots with a request (lock held)."""
