@@ -111,13 +111,20 @@ class _Worker:
                 if batch is None:
                     return
                 self.running = True
-            try:
-                self.execute(*batch)
-            finally:
-                with self.cond:
-                    self.running = False
+            self.run_batch(*batch)
 
-    def execute(self, requests: list[InferenceRequest], padding: int) -> None:
+    def run_batch(self, requests: list[InferenceRequest], padding: int) -> None:
+        """Execute a batch taken (with the lock) by whichever thread set `running`; then let the
+        worker thread see what arrived meanwhile."""
+        try:
+            self._execute(requests, padding)
+        finally:
+            with self.cond:
+                self.running = False
+                if self.busy() or self.batcher._stopping:
+                    self.cond.notify()
+
+    def _execute(self, requests: list[InferenceRequest], padding: int) -> None:
         if not requests:
             return
         batcher = self.batcher
@@ -233,13 +240,7 @@ class SequenceBatcher:
                 return
             batch = self._take_batch(worker, busy)
             worker.running = True
-        try:
-            worker.execute(*batch)
-        finally:
-            with self.lock:
-                worker.running = False
-                if worker.busy() or self._stopping:  # what came meanwhile: the worker's to run
-                    worker.cond.notify()
+        worker.run_batch(*batch)
 
     def _assign(self, sequence: _Sequence, slot: _Slot) -> None:
         slot.sequence, sequence.slot = sequence, slot
