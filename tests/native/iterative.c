@@ -38,40 +38,25 @@ static int32_t next_left(uint64_t id, int32_t total, int start) {
   return left;
 }
 
-static TRITONSERVER_Error* output(TRITONBACKEND_Response* response, const char* name, int32_t value,
-                                  const int64_t* shape, uint32_t dims) {
-  TRITONBACKEND_Output* out;
-  RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(response, &out, name, TRITONSERVER_TYPE_INT32, shape,
-                                               dims));
-  void* buffer;
-  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-  int64_t id = 0;
-  RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(out, &buffer, sizeof(value), &mt, &id));
-  memcpy(buffer, &value, sizeof(value));
-  return NULL;
-}
-
 static void run(TRITONBACKEND_Request* request) {
   TRITONBACKEND_Response* response;
   if (TRITONBACKEND_ResponseNew(&response, request) != NULL) return;
   const int64_t shape[2] = {1, 1};
-  TRITONBACKEND_Input* input;
-  const void* buffer;
-  uint64_t size;
-  TRITONSERVER_MemoryType mt;
-  int64_t mid;
+  int32_t total = 0;
   uint64_t id = 0;
   uint32_t flags = 0;
-  TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(request, "INPUT", &input);
-  if (err == NULL) err = TRITONBACKEND_InputBuffer(input, 0, &buffer, &size, &mt, &mid);
+  TRITONSERVER_Error* err = read_int32(request, "INPUT", &total);
   if (err == NULL) err = TRITONBACKEND_RequestCorrelationId(request, &id);
   if (err == NULL) err = TRITONBACKEND_RequestFlags(request, &flags);
   int32_t left = 0;
   if (err == NULL) {
-    left = next_left(id, *(const int32_t*)buffer, flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START);
-    err = output(response, "OUTPUT", left + 1000 * (int32_t)id, shape, 2);
+    left = next_left(id, total, flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START);
+    int32_t out = left + 1000 * (int32_t)id;
+    err = write_output(response, "OUTPUT", TRITONSERVER_TYPE_INT32, &out, sizeof(out), shape, 2);
   }
-  if (err == NULL) err = output(response, "FLAGS", (int32_t)flags, shape, 2);
+  int32_t flags32 = (int32_t)flags;
+  if (err == NULL)
+    err = write_output(response, "FLAGS", TRITONSERVER_TYPE_INT32, &flags32, sizeof(flags32), shape, 2);
   if (err != NULL || left <= 0) {
     TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL);
     TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);

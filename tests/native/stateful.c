@@ -12,34 +12,6 @@ RECORDING_LIFECYCLE
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) { return NULL; }
 
-static TRITONSERVER_Error* read_int32(TRITONBACKEND_Request* request, const char* name,
-                                      int32_t* value) {
-  TRITONBACKEND_Input* input;
-  RETURN_IF_ERROR(TRITONBACKEND_RequestInput(request, name, &input));
-  const void* buffer;
-  uint64_t size;
-  TRITONSERVER_MemoryType mt;
-  int64_t id;
-  RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(input, 0, &buffer, &size, &mt, &id));
-  if (size < sizeof(int32_t))
-    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "input too small");
-  memcpy(value, buffer, sizeof(int32_t));
-  return NULL;
-}
-
-static TRITONSERVER_Error* write_output(TRITONBACKEND_Response* response, const char* name,
-                                        TRITONSERVER_DataType datatype, const void* value,
-                                        size_t size, const int64_t* shape, uint32_t dims) {
-  TRITONBACKEND_Output* output;
-  RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, dims));
-  void* buffer;
-  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-  int64_t id = 0;
-  RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &buffer, size, &mt, &id));
-  memcpy(buffer, value, size);
-  return NULL;
-}
-
 static TRITONSERVER_Error* run(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response) {
   int32_t input, state;
   RETURN_IF_ERROR(read_int32(request, "INPUT", &input));
@@ -76,16 +48,4 @@ static TRITONSERVER_Error* run(TRITONBACKEND_Request* request, TRITONBACKEND_Res
                       shape, 1);
 }
 
-TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
-                                                       TRITONBACKEND_Request** requests,
-                                                       const uint32_t request_count) {
-  for (uint32_t r = 0; r < request_count; r++) {
-    TRITONBACKEND_Response* response;
-    RETURN_IF_ERROR(TRITONBACKEND_ResponseNew(&response, requests[r]));
-    TRITONSERVER_Error* err = run(requests[r], response);
-    TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
-    if (err != NULL) TRITONSERVER_ErrorDelete(err);
-    TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL);
-  }
-  return NULL;
-}
+ANSWER_EACH_REQUEST(run)
