@@ -44,7 +44,7 @@ def interpret(request: InferenceRequest) -> None:
             request.sequence_id = _grpc_sequence_id(value) if grpc else _json_sequence_id(value)
         elif key in ("sequence_start", "sequence_end"):
             if type(value) is not bool:
-                raise InvalidArgumentError(_type_message(key, grpc, "bool_param", "boolean"))
+                raise _grpc_type(key, "bool_param") if grpc else _json_type(key, "boolean")
             setattr(request, key, value)
         elif key == "priority":
             request.priority = _grpc_priority(value) if grpc else _json_unsigned(key, value)
@@ -67,14 +67,13 @@ def interpret(request: InferenceRequest) -> None:
 
 # Triton's two front ends word a badly typed reserved parameter differently: gRPC names the
 # InferParameter field it expected; HTTP reports its JSON reader's complaint.
-_JSON_KINDS = {"boolean": "non-boolean as boolean", "string": "non-string as string",
-               "unsigned": "non-unsigned-integer as unsigned-integer"}
+def _grpc_type(key: str, fields: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"invalid value type for '{key}' parameter, expected {fields}.")
 
 
-def _type_message(key: str, grpc: bool, grpc_fields: str, json_kind: str) -> str:
-    if grpc:
-        return f"invalid value type for '{key}' parameter, expected {grpc_fields}."
-    return f"Unable to parse '{key}': attempt to access JSON {_JSON_KINDS[json_kind]}"
+def _json_type(key: str, kind: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"Unable to parse '{key}': attempt to access JSON non-{kind} as {kind}")
 
 
 def _string_id(value: str) -> str:
@@ -88,7 +87,7 @@ def _grpc_sequence_id(value: Any) -> int | str:
         return value % _UINT64_LIMIT
     if type(value) is str:
         return _string_id(value)
-    raise InvalidArgumentError(_type_message("sequence_id", True, "int64_param or string_param", ""))
+    raise _grpc_type("sequence_id", "int64_param or string_param")
 
 
 def _json_sequence_id(value: Any) -> int | str:
@@ -96,7 +95,7 @@ def _json_sequence_id(value: Any) -> int | str:
         return value
     if type(value) is str:  # what is not an unsigned integer must be a string
         return _string_id(value)
-    raise InvalidArgumentError(_type_message("sequence_id", False, "", "string"))
+    raise _json_type("sequence_id", "string")
 
 
 def _grpc_priority(value: Any) -> int:
@@ -106,18 +105,18 @@ def _grpc_priority(value: Any) -> int:
         return value
     if type(value) is Uint64:
         return int(value)
-    raise InvalidArgumentError(_type_message("priority", True, "int64_param or uint64_param", ""))
+    raise _grpc_type("priority", "int64_param or uint64_param")
 
 
 def _grpc_timeout(value: Any) -> int:
     if type(value) is not int:
-        raise InvalidArgumentError(_type_message("timeout", True, "int64_param", ""))
+        raise _grpc_type("timeout", "int64_param")
     return value % _UINT64_LIMIT  # as Triton, which reads the int64 as microseconds unsigned
 
 
 def _json_unsigned(key: str, value: Any) -> int:
     if not _unsigned(value):
-        raise InvalidArgumentError(_type_message(key, False, "", "unsigned"))
+        raise _json_type(key, "unsigned-integer")
     return value
 
 
