@@ -95,7 +95,7 @@ class _Worker:
         self.cond = threading.Condition(batcher.lock)
         self.slots = [_Slot(self, i, states.new() if states else None) for i in range(slots)]
         # An execute on this instance is under way (by the worker thread or by a submitting
-        # thread, see SequenceBatcher._run_inline): the other waits. Read and set with the lock.
+        # thread, see SequenceBatcher.submit): the other waits. Read and set with the lock.
         self.running = False
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"sequence-{instance.spec.name}")

@@ -26,6 +26,7 @@ struct TRITONBACKEND_State {
   /* use_same_buffer_for_input_output: a view of the sequence's own state memory, which is also
    * the next request's input state (written in place; nothing to copy at StateUpdate). */
   Py_buffer shared;
+  bool single_buffer; /* only such a state asks the host for its memory (StateBuffer) */
 };
 
 /* --- correlation id and flags ----------------------------------------------------------------- */
@@ -71,15 +72,23 @@ static PyObject* sequence_states(TRITONBACKEND_Request* request) {
   return states;
 }
 
-/* 1: `name` is one of the states' output names; 0: it is not; -1: Python failed. */
-static int is_state_output(PyObject* states, const char* name) {
+/* 2: `name` is the output name of a single-buffer state (use_same_buffer_for_input_output);
+ * 1: of another state; 0: of none; -1: Python failed. */
+static int state_output_kind(PyObject* states, const char* name) {
   PyObject* by_output = PyObject_GetAttrString(states, "by_output");
   if (by_output == NULL) return -1;
-  PyObject* key = PyUnicode_FromString(name);
-  int found = key != NULL ? PySequence_Contains(by_output, key) : -1;
-  Py_XDECREF(key);
+  PyObject* spec = PyMapping_GetItemString(by_output, name);
   Py_DECREF(by_output);
-  return found;
+  if (spec == NULL) {
+    if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+    PyErr_Clear();
+    return 0;
+  }
+  PyObject* single = PyObject_GetAttrString(spec, "single_buffer");
+  Py_DECREF(spec);
+  int kind = single == NULL ? -1 : PyObject_IsTrue(single) ? 2 : 1;
+  Py_XDECREF(single);
+  return kind;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state,
@@ -90,7 +99,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state
                                                      const uint32_t dims_count) {
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* states = sequence_states(request);
-  int found = states != NULL ? is_state_output(states, name) : 0;
+  int found = states != NULL ? state_output_kind(states, name) : 0;
   Py_XDECREF(states);
   if (found < 0) PyErr_Clear();
   PyGILState_Release(gil);
@@ -98,7 +107,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state
     return mh_error(TRITONSERVER_ERROR_INVALID_ARG,
                     "unable to add state '%s'. State configuration is missing for model '%s'.",
                     name, request->instance->model->name);
-  if (found != 1)
+  if (found < 1)
     return mh_error(TRITONSERVER_ERROR_INVALID_ARG, "state '%s' is not a valid state name.", name);
 
   TRITONBACKEND_State* s = calloc(1, sizeof(*s));
@@ -109,6 +118,7 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateNew(TRITONBACKEND_State** state
   s->shape = malloc(sizeof(int64_t) * (dims_count ? dims_count : 1));
   if (dims_count) memcpy(s->shape, shape, sizeof(int64_t) * dims_count);
   s->attributes.memory_type = TRITONSERVER_MEMORY_CPU;
+  s->single_buffer = found == 2;
   s->next = request->states;
   request->states = s;
   *state = s;
@@ -151,14 +161,17 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_StateBuffer(TRITONBACKEND_State* sta
                                                         const uint64_t buffer_byte_size,
                                                         TRITONSERVER_MemoryType* memory_type,
                                                         int64_t* memory_type_id) {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  int shared = shared_state_buffer(state, buffer_byte_size);
-  if (shared == 1) {
-    state->byte_size = buffer_byte_size;
-    state->attributes.byte_size = (size_t)buffer_byte_size;
-    *buffer = state->shared.buf;
+  int shared = 0;
+  if (state->single_buffer) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    shared = shared_state_buffer(state, buffer_byte_size);
+    if (shared == 1) {
+      state->byte_size = buffer_byte_size;
+      state->attributes.byte_size = (size_t)buffer_byte_size;
+      *buffer = state->shared.buf;
+    }
+    PyGILState_Release(gil);
   }
-  PyGILState_Release(gil);
   if (shared < 0)
     return mh_error(TRITONSERVER_ERROR_INTERNAL, "failed to give a buffer to state '%s'",
                     state->name);
