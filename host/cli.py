@@ -37,6 +37,14 @@ def _cache_setting(text: str) -> tuple[str, str, str]:
     return name.strip(), key.strip(), value
 
 
+def _python_cpu(text: str) -> str:
+    """--python-cpu: 'auto', 'off' or a CPU number (host.affinity checks that the CPU is ours)."""
+    value = text.strip().lower()
+    if value in ("auto", "off") or (value.isascii() and value.isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"expected 'auto', 'off' or a CPU number, got '{text}'")
+
+
 def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) -> dict[str, dict[str, str]]:
     """Settings by cache name; the deprecated --response-cache-byte-size N is `local,size=N`."""
     config: dict[str, dict[str, str]] = {}
@@ -205,6 +213,10 @@ def _serve_parser(sub) -> None:
                    help="on SIGTERM/SIGINT, how long in-flight requests may take to finish")
     p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
                    help="how many models load in parallel at start-up")
+    p.add_argument("--python-cpu", type=_python_cpu, default="auto", metavar="auto|off|N",
+                   help="the CPU shared by the threads that run Python on the request path (front end, "
+                        "python models): 'auto' picks one when the process may use several; 'off' leaves "
+                        "them to the system (docs/performance.md)")
     cli_triton.add_flags(p, _flag)
     p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
                    metavar="NAME,KEY=VALUE",
@@ -269,6 +281,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,
+        python_cpu=args.python_cpu,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         cache_directory=args.cache_directory,
         http_restricted_api=args.http_restricted_api,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from host import config as config_mod
-from host import overrides, paths, repository, supervise
+from host import affinity, overrides, paths, repository, supervise
 from host.backend import ModelSpec
 from host.backends_pool import BackendPool
 from host.ensemble import EnsembleVersion
@@ -258,10 +258,15 @@ class ModelManager:
         versions its reloads replaced: one stuck in execute holds up nothing else."""
         outer = not getattr(self._local, "loading", False)
         self._local.loading = True
+        # A load asked for on a front-end thread runs on every CPU: the threads it starts (an
+        # ONNX Runtime pool, a batcher) inherit its affinity (host.affinity).
+        widened = outer and affinity.widen()
         try:
             with self._lock:
                 yield
         finally:
+            if widened:
+                affinity.pin()
             if outer:
                 self._local.loading = False
                 with self._lock:

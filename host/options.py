@@ -38,6 +38,8 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_secs: float = 30.0
     model_load_thread_count: int = 4
+    # host.affinity: the CPU of the threads that run Python on the request path ('auto', 'off', N)
+    python_cpu: str = "auto"
     # Response cache: --cache-config NAME,KEY=VALUE settings by cache name, and where native
     # caches (<dir>/<name>/libtritoncache_<name>.so) are searched.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)

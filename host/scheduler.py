@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from host import bls, supervise
+from host import affinity, bls, supervise
 from host.errors import CancelledError, HostError, InternalError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse
 from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
@@ -57,11 +57,15 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     called = time.perf_counter_ns()
     failure: BaseException | None = None
     executing = supervise.executing(model.name)  # if the process dies now, the log names it
+    # A backend that computes outside the GIL may use every CPU for the call (host.affinity).
+    widened = not model.runs_python and affinity.widen()
     try:
         responses = slot.instance.execute(requests)
     except BaseException as exc:  # noqa: BLE001 - even SystemExit: the failure of these requests only
         responses, failure = None, exc
     finally:
+        if widened:
+            affinity.pin()
         supervise.done(executing)
         bls.HELD.reset(held)
     returned = time.perf_counter_ns()
@@ -235,6 +239,8 @@ class DynamicBatcher:
             _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))
 
     def _run(self, slot: InstanceSlot) -> None:
+        if self.model.runs_python:
+            affinity.pin()  # it hands the GIL to the front end's threads: same CPU
         while True:
             batch = self._next_batch()
             if batch is None:

@@ -46,6 +46,7 @@ import grpc  # noqa: E402
 from google.protobuf.message import DecodeError  # noqa: E402
 from grpc._cython import cygrpc  # noqa: E402
 
+from host import affinity  # noqa: E402
 from host.errors import HostError  # noqa: E402
 from host.logs import GrpcCallLog  # noqa: E402
 from host.grpc.servicer import DEFERRED, Servicer  # noqa: E402
@@ -372,6 +373,7 @@ class _Pollers:
         thread.start()
 
     def _run(self) -> None:
+        affinity.pin()  # a poller runs Python: on the Python CPU (host.affinity)
         try:
             self._poll()
         except BaseException as exc:  # noqa: BLE001 - recorded: the worker notices and restarts

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote_to_bytes
 
+from host import affinity
 from host.http.h1c import IncompleteError, ParseError, head_parser
 
 from host.ratelog import RateLimitedLog
@@ -441,6 +442,7 @@ class HTTPServer:
 
     # --- one connection --------------------------------------------------------------------------
     def _serve(self, sock: socket.socket, client: tuple) -> None:
+        affinity.pin()  # this thread runs Python: on the Python CPU (host.affinity)
         with self._lock:
             self._connections[sock] = False
         try:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from host import affinity
 from host.errors import CancelledError, InternalError, InvalidArgumentError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 from host.scheduler import InstanceSlot, delay_count, execute_batch
@@ -105,6 +106,8 @@ class _Worker:
 
     def _run(self) -> None:
         batcher = self.batcher
+        if batcher.model.runs_python:
+            affinity.pin()  # it hands the GIL to the front end's threads: same CPU
         while True:
             with self.cond:
                 batch = batcher._next_batch(self)

@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from host import affinity
 from host.backend import Instance, InstanceSpec
 from host.backends.python import settings
 from host.backends.python.backend import _on_host
@@ -100,6 +101,7 @@ class _Child:
     # --- reader thread ---
 
     def _read_loop(self) -> None:
+        affinity.pin()  # it hands responses (and the GIL) to the front end's threads: same CPU
         sock = self.channel.sock
         next_chores = time.monotonic() + _POLL_S
         try:

@@ -1,0 +1,88 @@
+"""One CPU for the threads that take turns running the server's Python code.
+
+The interpreter runs one thread at a time (the GIL). On the request path the front end's threads
+(one per HTTP connection, the gRPC pollers) and the threads that run python models hand the GIL
+to one another several times per request. When they sit on different CPUs, each hand-off wakes a
+thread on another CPU (an inter-processor interrupt, a cold cache; in a virtual machine an exit
+to the hypervisor), which costs more than a small request itself: on the project's 2-core VM,
+perf_analyzer at concurrency 8 over HTTP measured 165 us of server CPU per python-identity
+request with the threads free and 96 us with them on one CPU (throughput 5.8k -> 10.4k infer/s,
+p99 5.9 -> 1.9 ms; docs/performance.md). Python code gains nothing from a second CPU anyway.
+
+So those threads share one CPU (`pin`), and everything that computes outside the GIL stays free:
+a model's execute on a backend that does not run Python here (native, ONNX Runtime, torch: see
+`Backend.runs_python`) widens its thread for the call (`widen`), model loads run wide (threads a
+load starts, such as ONNX Runtime's pools, inherit that), python stub processes, other worker
+processes and clients are not touched.
+
+`--python-cpu` chooses: `auto` (the default: one of the CPUs the process may use, picked by
+process id so that replicas spread, when it may use at least two), `off`, or a CPU number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+_cpu: frozenset[int] | None = None  # where pinned threads run; None: pinning is off
+_wide: frozenset[int] = frozenset()  # the CPUs the process could use when configured
+_local = threading.local()  # .pinned: this thread is on _cpu
+
+
+def configure(setting: str) -> None:
+    """Apply `--python-cpu`: 'auto', 'off' or a CPU number. Raises ValueError on a bad value."""
+    global _cpu, _wide
+    value = setting.strip().lower()
+    if value in ("off", "none", ""):
+        _cpu = None
+        return
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: leave scheduling to the system
+        _cpu = None
+        return
+    _wide = frozenset(allowed)
+    if value == "auto":
+        _cpu = frozenset({allowed[os.getpid() % len(allowed)]}) if len(allowed) > 1 else None
+        return
+    try:
+        cpu = int(value)
+    except ValueError:
+        raise ValueError(f"--python-cpu: expected 'auto', 'off' or a CPU number, got '{setting}'") from None
+    if cpu not in _wide:
+        raise ValueError(f"--python-cpu: CPU {cpu} is not one this process may run on "
+                         f"({', '.join(map(str, allowed))})")
+    _cpu = frozenset({cpu})
+
+
+def cpu() -> int | None:
+    """The CPU pinned threads run on, or None when pinning is off."""
+    return next(iter(_cpu)) if _cpu else None
+
+
+def pin() -> None:
+    """Put the calling thread on the Python CPU (nothing when pinning is off)."""
+    if _cpu is None:
+        return
+    try:
+        os.sched_setaffinity(0, _cpu)  # 0: the calling thread (Linux sets it per thread)
+    except OSError as exc:  # e.g. the CPU went away from our cpuset: run unpinned
+        log.debug("could not pin thread to CPU %s: %s", cpu(), exc)
+        return
+    _local.pinned = True
+
+
+def widen() -> bool:
+    """Let the calling thread, if pinned, run on every CPU; True when it was pinned (then call
+    `pin` when done). A cheap no-op for threads that are not pinned."""
+    if not getattr(_local, "pinned", False):
+        return False
+    try:
+        os.sched_setaffinity(0, _wide)
+    except OSError:
+        return False
+    _local.pinned = False
+    return True

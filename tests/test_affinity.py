@@ -1,0 +1,224 @@
+"""--python-cpu (host.affinity): the threads that run Python on the request path share one CPU,
+and a model that computes outside the GIL, or a load, runs on every CPU."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from host import affinity
+from host.backend import Backend, Instance, Model
+from host.core import Host
+from host.errors import InvalidArgumentError
+from host.inference import InferenceRequest, InferenceResponse, Tensor
+from host.options import ServerOptions
+from host.plugins import get_plugin_manager, hookimpl
+from host.testing import ServerStartError, serve
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+needs_two = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning needs a process that may use two CPUs")
+
+# A python model that answers with the CPUs its execute may run on.
+WHERE_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        cpus = np.array(sorted(os.sched_getaffinity(0)), dtype=np.int32)
+        responses = []
+        for request in requests:
+            rows = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().shape[:-1]
+            out = np.broadcast_to(cpus, rows + cpus.shape).copy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("CPUS", out)]))
+        return responses
+"""
+CONFIG = """
+name: "{name}"
+backend: "{backend}"
+max_batch_size: {mbs}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "CPUS" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}
+"""
+
+
+def write_model(repo: Path, name: str, backend: str = "python", extra: str = "", mbs: int = 0) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, backend=backend, extra=extra, mbs=mbs))
+    if backend == "python":
+        (repo / name / "1" / "model.py").write_text(WHERE_PY)
+
+
+def http_cpus(server, model: str = "where") -> list[int]:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+    try:
+        shape = [1, 1] if model.endswith("batched") else [1]
+        inp = httpclient.InferInput("IN", shape, "INT32")
+        inp.set_data_from_numpy(np.zeros(shape, np.int32))
+        return client.infer(model, [inp]).as_numpy("CPUS").reshape(-1).tolist()
+    finally:
+        client.close()
+
+
+def grpc_cpus(server, model: str = "where") -> list[int]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        shape = [1, 1] if model.endswith("batched") else [1]
+        inp = grpcclient.InferInput("IN", shape, "INT32")
+        inp.set_data_from_numpy(np.zeros(shape, np.int32))
+        return client.infer(model, [inp], client_timeout=30).as_numpy("CPUS").reshape(-1).tolist()
+    finally:
+        client.close()
+
+
+@pytest.fixture()
+def repo(tmp_path: Path) -> Path:
+    write_model(tmp_path, "where")
+    write_model(tmp_path, "where_batched", mbs=4, extra="dynamic_batching { max_queue_delay_microseconds: 100 }")
+    return tmp_path
+
+
+@needs_two
+def test_requests_and_python_models_run_on_the_chosen_cpu(repo: Path) -> None:
+    cpu = ALLOWED[-1]
+    with serve(repo, "--python-cpu", str(cpu)) as server:
+        # The python model runs on the thread that took the request (HTTP connection, gRPC
+        # poller) or on the batcher's thread: each of them is on the chosen CPU.
+        assert http_cpus(server) == [cpu]
+        assert grpc_cpus(server) == [cpu]
+        assert http_cpus(server, "where_batched") == [cpu]
+        assert grpc_cpus(server, "where_batched") == [cpu]
+
+
+@needs_two
+def test_off_leaves_the_threads_on_every_cpu(repo: Path) -> None:
+    with serve(repo, "--python-cpu", "off") as server:
+        assert http_cpus(server) == ALLOWED
+        assert grpc_cpus(server) == ALLOWED
+
+
+@needs_two
+def test_auto_pins_to_one_allowed_cpu(repo: Path) -> None:
+    with serve(repo) as server:
+        first = http_cpus(server)
+        assert len(first) == 1 and first[0] in ALLOWED
+        assert grpc_cpus(server) == first
+
+
+def test_a_cpu_the_process_may_not_use_is_refused(repo: Path) -> None:
+    with pytest.raises(ServerStartError) as failure:
+        with serve(repo, "--python-cpu", str(max(ALLOWED) + 4096), timeout=30):
+            pass
+    assert f"CPU {max(ALLOWED) + 4096} is not one this process may run on" in str(failure.value)
+
+
+def test_a_malformed_setting_is_a_usage_error(repo: Path) -> None:
+    with pytest.raises(ServerStartError) as failure:
+        with serve(repo, "--python-cpu", "fast", timeout=30):
+            pass
+    assert "expected 'auto', 'off' or a CPU number, got 'fast'" in str(failure.value)
+
+
+# --- in process: which backends widen, and loads -----------------------------------------------
+
+SEEN: dict[str, list[int]] = {}
+
+
+class WhereInstance(Instance):
+    def execute(self, requests):
+        cpus = np.array(sorted(os.sched_getaffinity(0)), dtype=np.int32)
+        return [InferenceResponse(outputs=[Tensor("CPUS", "INT32", [len(cpus)], cpus)]) for _ in requests]
+
+
+class WhereModel(Model):
+    def initialize(self) -> None:
+        SEEN[self.spec.name] = sorted(os.sched_getaffinity(0))
+
+    def create_instance(self, spec) -> Instance:
+        return WhereInstance()
+
+
+class NativeLike(Backend):
+    """Stands for a backend that computes outside the GIL (runs_python False, the default)."""
+
+    def create_model(self, spec) -> Model:
+        return WhereModel(spec)
+
+
+class PythonLike(NativeLike):
+    runs_python = True
+
+
+class WherePlugin:
+    __name__ = "wherebe"
+
+    @hookimpl
+    def modelhost_register_backends(self, registry) -> None:
+        registry.add_backend("native_like", NativeLike)
+        registry.add_backend("python_like", PythonLike)
+
+
+def _on_pinned_thread(fn):
+    """Run fn on a new thread that pinned itself, as a front-end thread does; returns
+    (fn's result, the thread's CPUs afterwards)."""
+    out: list = []
+
+    def run() -> None:
+        affinity.pin()
+        try:
+            out.append(fn())
+        finally:
+            out.append(sorted(os.sched_getaffinity(0)))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    return out[0], out[1]
+
+
+@needs_two
+def test_execute_widens_for_backends_that_compute_outside_the_gil(tmp_path: Path) -> None:
+    cpu = ALLOWED[0]
+    write_model(tmp_path, "native_where", backend="native_like")
+    write_model(tmp_path, "python_where", backend="python_like")
+    write_model(tmp_path, "loaded_later", backend="native_like")
+    options = ServerOptions(model_repositories=[tmp_path], python_cpu=str(cpu),
+                            model_control_mode="explicit", load_models=["native_where", "python_where"])
+    host = Host(options, plugins=get_plugin_manager(blocked=["python"], extra=[WherePlugin()]))
+    try:
+        assert host.start() == {}
+
+        def infer(model: str):
+            request = InferenceRequest(model_name=model, inputs={
+                "IN": Tensor("IN", "INT32", [1], np.zeros(1, np.int32))})
+            return host.infer(request).outputs[0].data.tolist()
+
+        seen, after = _on_pinned_thread(lambda: infer("native_where"))
+        assert seen == ALLOWED and after == [cpu]  # wide for the call, pinned again after
+        seen, after = _on_pinned_thread(lambda: infer("python_where"))
+        assert seen == [cpu] and after == [cpu]
+        # A load asked for on a front-end thread runs wide (its threads inherit that).
+        _, after = _on_pinned_thread(lambda: host.load_model("loaded_later"))
+        assert SEEN["loaded_later"] == ALLOWED and after == [cpu]
+    finally:
+        host.stop()
+        affinity.configure("off")
+
+
+def test_configure_checks_its_value() -> None:
+    with pytest.raises(ValueError, match="expected 'auto', 'off' or a CPU number"):
+        affinity.configure("many")
+    with pytest.raises(InvalidArgumentError, match="is not one this process may run on"):
+        Host(ServerOptions(model_repositories=[], python_cpu=str(max(ALLOWED) + 4096)))
+    affinity.configure("off")
+    assert affinity.cpu() is None
