@@ -134,8 +134,28 @@ def install(settings: LogSettings) -> None:
             h.close()
     _handler = _TritonHandler(settings)
     root.addHandler(_handler)
-    root.setLevel(logging.NOTSET)  # the handler decides, so that updates need no other change
+    _sync_level(settings)
     logging.captureWarnings(True)
+
+
+def _sync_level(settings: LogSettings) -> None:
+    """The root logger's level is the lowest level the settings let through, so that a record
+    nobody will see is not even made: `log.debug` on the request path and `isEnabledFor` checks
+    (a gRPC call's log line, host.logs) cost nothing unless --log-verbose is on. The handler
+    still applies the switches above that level (info off, errors on, ...)."""
+    if settings.verbose_level >= 2:
+        level = 1  # anything below DEBUG is verbose level 2
+    elif settings.verbose_level == 1:
+        level = logging.DEBUG
+    elif settings.info:
+        level = logging.INFO
+    elif settings.warning:
+        level = logging.WARNING
+    elif settings.error:
+        level = logging.ERROR
+    else:
+        level = logging.CRITICAL + 1
+    logging.getLogger().setLevel(level)
 
 
 _detached = LogSettings()  # answered while nothing was installed (an embedder's own logging)
@@ -165,4 +185,6 @@ def update(changes: dict[str, Any], format_name: str = "log_format") -> dict[str
                       ("log_verbose_level", "verbose_level"), ("log_format", "format")):
         if changes.get(key) is not None:
             setattr(settings, attr, changes[key])
+    if _handler is not None and settings is _handler.settings:
+        _sync_level(settings)
     return settings.as_dict()

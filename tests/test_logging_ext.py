@@ -44,6 +44,11 @@ def _lines(log_file: Path, tag: str) -> list[str]:
     return [line for line in log_file.read_text().splitlines() if f'] "{tag} ' in line]
 
 
+def _grpc_call_lines(log_file: Path, method: str) -> list[str]:
+    return [line for line in log_file.read_text().splitlines()
+            if f"gRPC /inference.GRPCInferenceService/{method} -> OK" in line]
+
+
 def test_flags_file_levels_and_format(logged):
     server, log_file = logged
     client = httpclient.InferenceServerClient(server.url)
@@ -75,6 +80,9 @@ def test_settings_change_while_running(logged):
     for line, (level, message) in zip(lines, [("I", '"t2 info"'), ("W", '"t2 warning"'),
                                                ("E", '"t2 error"'), ("I", '"t2 verbose"')]):
         assert re.match(ISO_LINE.format(level=level, message=message), line), line
+    # Verbose level 1, set while running, turns on the line per gRPC call at once.
+    assert grpc_client.is_server_live()
+    live_calls = wait_until(lambda: _grpc_call_lines(log_file, "ServerLive"))
     # gRPC: typed values; off switches stop those lines at once.
     settings = grpc_client.update_log_settings({"log_info": False, "log_error": False,
                                          "log_verbose_level": 0, "log_format": "default"},
@@ -82,8 +90,10 @@ def test_settings_change_while_running(logged):
     assert settings["log_info"] == {"bool_param": False}
     assert settings["log_format"] == {"string_param": "default"}
     assert settings["log_file"] == {"string_param": str(log_file)}
+    assert grpc_client.is_server_live()  # verbose level 0 again: no line for this call
     _log(server, "t3")
     lines = wait_until(lambda: _lines(log_file, "t3"))
+    assert _grpc_call_lines(log_file, "ServerLive") == live_calls
     assert len(lines) == 1 and re.match(DEFAULT_LINE.format(level="W", message='"t3 warning"'),
                                         lines[0]), lines
     assert grpc_client.get_log_settings(as_json=True)["settings"]["log_error"] == {"bool_param": False}
