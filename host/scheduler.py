@@ -57,8 +57,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     called = time.perf_counter_ns()
     failure: BaseException | None = None
     executing = supervise.executing(model.name)  # if the process dies now, the log names it
-    # A backend that computes outside the GIL may use every CPU for the call (host.affinity).
-    widened = not model.runs_python and affinity.widen()
+    # A backend that computes outside the GIL may use every CPU for a long call (host.affinity).
+    widened = model.wide_execute and affinity.widen()
     try:
         responses = slot.instance.execute(requests)
     except BaseException as exc:  # noqa: BLE001 - even SystemExit: the failure of these requests only
@@ -70,6 +70,8 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         bls.HELD.reset(held)
     returned = time.perf_counter_ns()
     infer_ns, input_ns = returned - called, called - start
+    if not model.runs_python:  # a short execute stays where it runs: moving costs more
+        model.wide_execute = infer_ns >= affinity.LONG_EXECUTE_NS
     if model.tracing:  # a sampled request may be in this batch (host.trace)
         for r in requests:
             if r.trace is not None:

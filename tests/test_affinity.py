@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -135,7 +136,11 @@ SEEN: dict[str, list[int]] = {}
 
 
 class WhereInstance(Instance):
+    def __init__(self, sleep_s: float) -> None:
+        self.sleep_s = sleep_s
+
     def execute(self, requests):
+        time.sleep(self.sleep_s)
         cpus = np.array(sorted(os.sched_getaffinity(0)), dtype=np.int32)
         return [InferenceResponse(outputs=[Tensor("CPUS", "INT32", [len(cpus)], cpus)]) for _ in requests]
 
@@ -145,7 +150,7 @@ class WhereModel(Model):
         SEEN[self.spec.name] = sorted(os.sched_getaffinity(0))
 
     def create_instance(self, spec) -> Instance:
-        return WhereInstance()
+        return WhereInstance(float(self.spec.parameter("sleep_ms", "0")) / 1000)
 
 
 class NativeLike(Backend):
@@ -191,9 +196,11 @@ def test_execute_widens_for_backends_that_compute_outside_the_gil(tmp_path: Path
     cpu = ALLOWED[0]
     write_model(tmp_path, "native_where", backend="native_like")
     write_model(tmp_path, "python_where", backend="python_like")
+    write_model(tmp_path, "native_slow", backend="native_like",
+                extra='parameters { key: "sleep_ms" value { string_value: "2" } }')
     write_model(tmp_path, "loaded_later", backend="native_like")
     options = ServerOptions(model_repositories=[tmp_path], python_cpu=str(cpu),
-                            model_control_mode="explicit", load_models=["native_where", "python_where"])
+                            model_control_mode="explicit", load_models=["native_where", "native_slow", "python_where"])
     host = Host(options, plugins=get_plugin_manager(blocked=["python"], extra=[WherePlugin()]))
     try:
         assert host.start() == {}
@@ -205,6 +212,12 @@ def test_execute_widens_for_backends_that_compute_outside_the_gil(tmp_path: Path
 
         seen, after = _on_pinned_thread(lambda: infer("native_where"))
         assert seen == ALLOWED and after == [cpu]  # wide for the call, pinned again after
+        # That execute was short: the next one stays on the Python CPU (moving costs more).
+        seen, after = _on_pinned_thread(lambda: infer("native_where"))
+        assert seen == [cpu] and after == [cpu]
+        for _ in range(2):  # a long execute keeps widening
+            seen, after = _on_pinned_thread(lambda: infer("native_slow"))
+            assert seen == ALLOWED and after == [cpu]
         seen, after = _on_pinned_thread(lambda: infer("python_where"))
         assert seen == [cpu] and after == [cpu]
         # A load asked for on a front-end thread runs wide (its threads inherit that).
