@@ -369,6 +369,9 @@ def test_a_crashing_stub_fails_its_request_and_is_restarted(server, how):
     after = int(_crash_infer(client, 0).as_numpy("PID")[0])
     assert after != before and _alive(after)
     assert client.is_model_ready("proc_crash")
+    # The restart ran on a request's thread, which sits on the server's Python CPU
+    # (host.affinity): the new stub must still have every CPU, as the first one had.
+    assert os.sched_getaffinity(after) == os.sched_getaffinity(0)
 
 
 def test_a_stub_that_cannot_restart_fails_requests_clearly_until_it_can(server):

@@ -244,6 +244,9 @@ class ProcessInstance(Instance):
         in_arena = Arena.create(self.arena_bytes, "in")
         out_arena = Arena.create(self.arena_bytes, "out")
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A restart runs on an execute's thread, which may be on the Python CPU: the stub must
+        # not inherit that (host.affinity), it is there to use another core.
+        widened = affinity.widen()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "host.backends.python.stub", str(child_end.fileno())],
@@ -254,6 +257,8 @@ class ProcessInstance(Instance):
             host_end.close()
             raise
         finally:
+            if widened:
+                affinity.pin()
             child_end.close()
         channel = Channel(host_end)
         try:
