@@ -9,11 +9,13 @@ perf_analyzer at concurrency 8 over HTTP measured 165 us of server CPU per pytho
 request with the threads free and 96 us with them on one CPU (throughput 5.8k -> 10.4k infer/s,
 p99 5.9 -> 1.9 ms; docs/performance.md). Python code gains nothing from a second CPU anyway.
 
-So those threads share one CPU (`pin`), and everything that computes outside the GIL stays free:
-a long execute (LONG_EXECUTE_NS) on a backend that does not run Python here (native, ONNX Runtime,
-torch: see `Backend.runs_python`) widens its thread for the call (`widen`), model loads run wide
-(threads a load starts, such as ONNX Runtime's pools, inherit that), python stub processes, other
-worker processes and clients are not touched.
+So those threads share one CPU (`pin`), and what computes outside the GIL stays free: a model's
+execute widens its thread to every CPU for the call (`widen`) when the model's last execute took
+LONG_EXECUTE_NS or more (native code, ONNX Runtime, torch, a python model calling torch: they may
+use other cores; at that length a move between CPUs costs little) and for its first execute (so
+that a pool started lazily, as torch starts its own, gets every CPU); model loads run wide
+(threads a load starts, such as ONNX Runtime's pools, inherit that); python stub processes,
+other worker processes and clients are not touched.
 
 `--python-cpu` chooses: `auto` (the default: one of the CPUs the process may use, picked by
 process id so that replicas spread, when it may use at least two), `off`, or a CPU number.
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # An execute that took at least this long widens its thread next time: for a shorter one, moving
 # the thread to another CPU and back costs more than it can win (measured with the native
-# identity, about 0.1 ms per call: 89 us of CPU per request pinned, 110 us widened).
+# identity, a few us per call: 89 us of server CPU per request pinned, 110 us widened).
 LONG_EXECUTE_NS = 200_000
 
 _cpu: frozenset[int] | None = None  # where pinned threads run; None: pinning is off

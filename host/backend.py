@@ -123,10 +123,6 @@ class Backend:
     #: a backend that concatenates the requests needs it. False: any requests (the python backend
     #: takes them one by one).
     equal_shape_batches: bool = False
-    # Its instances run Python code in the server's interpreter (holding the GIL): their execute
-    # stays on the Python CPU with the front end (host.affinity). False: execute computes outside
-    # the GIL, and its thread may use every CPU for the call.
-    runs_python: bool = False
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -63,9 +63,9 @@ class ModelVersion:
         self._slots: list[InstanceSlot] = []
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._equal_shapes = False  # the backend's `equal_shape_batches`, set by `load`
-        self.runs_python = False  # the backend's `runs_python`, set by `load`
-        # host.affinity: the next execute may leave the Python CPU (the last one was long)
-        self.wide_execute = False
+        # host.affinity: the next execute may leave the Python CPU (the last one was long; the
+        # first one does, so that pools a model starts lazily, torch's, get every CPU)
+        self.wide_execute = True
         self.stages: Stages | None = None  # the request stages, made on the first request
         self._inflight = 0
         self._cond = threading.Condition()
@@ -77,8 +77,6 @@ class ModelVersion:
     def load(self, backend: Backend) -> None:
         config_support.check(self.config)  # nothing in the configuration is silently ignored
         self._equal_shapes = backend.equal_shape_batches  # for the dynamic batcher
-        self.runs_python = backend.runs_python  # host.affinity: where its execute runs
-        self.wide_execute = not self.runs_python  # until an execute shows it is short
         try:
             self._model = backend.create_model(self.spec)
             self._model.initialize()

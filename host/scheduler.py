@@ -70,8 +70,7 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
         bls.HELD.reset(held)
     returned = time.perf_counter_ns()
     infer_ns, input_ns = returned - called, called - start
-    if not model.runs_python:  # a short execute stays where it runs: moving costs more
-        model.wide_execute = infer_ns >= affinity.LONG_EXECUTE_NS
+    model.wide_execute = infer_ns >= affinity.LONG_EXECUTE_NS  # a short one stays: moving costs more
     if model.tracing:  # a sampled request may be in this batch (host.trace)
         for r in requests:
             if r.trace is not None:
@@ -241,8 +240,7 @@ class DynamicBatcher:
             _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))
 
     def _run(self, slot: InstanceSlot) -> None:
-        if self.model.runs_python:
-            affinity.pin()  # it hands the GIL to the front end's threads: same CPU
+        affinity.pin()  # it hands the GIL to the front end's threads: same CPU (host.affinity)
         while True:
             batch = self._next_batch()
             if batch is None:

@@ -1,5 +1,5 @@
-"""--python-cpu (host.affinity): the threads that run Python on the request path share one CPU,
-and a model that computes outside the GIL, or a load, runs on every CPU."""
+"""--python-cpu (host.affinity): the threads that run Python on the request path share one CPU;
+a long execute (and a model's first), a load and a restarted stub run on every CPU."""
 
 from __future__ import annotations
 
@@ -28,12 +28,19 @@ needs_two = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning needs a process
 # A python model that answers with the CPUs its execute may run on.
 WHERE_PY = """
 import os
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.sleep_s = float(parameters.get("sleep_ms", {}).get("string_value", "0")) / 1000
+
     def execute(self, requests):
+        time.sleep(self.sleep_s)
         cpus = np.array(sorted(os.sched_getaffinity(0)), dtype=np.int32)
         responses = []
         for request in requests:
@@ -58,6 +65,18 @@ def write_model(repo: Path, name: str, backend: str = "python", extra: str = "",
     (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, backend=backend, extra=extra, mbs=mbs))
     if backend == "python":
         (repo / name / "1" / "model.py").write_text(WHERE_PY)
+
+
+def settled(call, tries: int = 20) -> list[int]:
+    """What `call` answers once the model's executes were seen to be short: its first execute,
+    and any that a busy machine stretched past host.affinity.LONG_EXECUTE_NS, run wide, so a
+    short model is pinned from the call after its last long one on."""
+    seen: list[int] = []
+    for _ in range(tries):
+        seen = call()
+        if len(seen) == 1:
+            break
+    return seen
 
 
 def http_cpus(server, model: str = "where") -> list[int]:
@@ -86,6 +105,7 @@ def grpc_cpus(server, model: str = "where") -> list[int]:
 def repo(tmp_path: Path) -> Path:
     write_model(tmp_path, "where")
     write_model(tmp_path, "where_batched", mbs=4, extra="dynamic_batching { max_queue_delay_microseconds: 100 }")
+    write_model(tmp_path, "where_slow", extra='parameters { key: "sleep_ms" value { string_value: "2" } }')
     return tmp_path
 
 
@@ -95,10 +115,14 @@ def test_requests_and_python_models_run_on_the_chosen_cpu(repo: Path) -> None:
     with serve(repo, "--python-cpu", str(cpu)) as server:
         # The python model runs on the thread that took the request (HTTP connection, gRPC
         # poller) or on the batcher's thread: each of them is on the chosen CPU.
-        assert http_cpus(server) == [cpu]
-        assert grpc_cpus(server) == [cpu]
-        assert http_cpus(server, "where_batched") == [cpu]
-        assert grpc_cpus(server, "where_batched") == [cpu]
+        assert settled(lambda: http_cpus(server)) == [cpu]
+        assert settled(lambda: grpc_cpus(server)) == [cpu]
+        assert settled(lambda: http_cpus(server, "where_batched")) == [cpu]
+        assert settled(lambda: grpc_cpus(server, "where_batched")) == [cpu]
+        # A python model whose execute is long (here it sleeps; it might call torch) is let
+        # onto every CPU for the call.
+        assert http_cpus(server, "where_slow") == ALLOWED
+        assert grpc_cpus(server, "where_slow") == ALLOWED
 
 
 @needs_two
@@ -111,9 +135,9 @@ def test_off_leaves_the_threads_on_every_cpu(repo: Path) -> None:
 @needs_two
 def test_auto_pins_to_one_allowed_cpu(repo: Path) -> None:
     with serve(repo) as server:
-        first = http_cpus(server)
+        first = settled(lambda: http_cpus(server))
         assert len(first) == 1 and first[0] in ALLOWED
-        assert grpc_cpus(server) == first
+        assert settled(lambda: grpc_cpus(server)) == first
 
 
 def test_a_cpu_the_process_may_not_use_is_refused(repo: Path) -> None:
@@ -153,15 +177,9 @@ class WhereModel(Model):
         return WhereInstance(float(self.spec.parameter("sleep_ms", "0")) / 1000)
 
 
-class NativeLike(Backend):
-    """Stands for a backend that computes outside the GIL (runs_python False, the default)."""
-
+class WhereBackend(Backend):
     def create_model(self, spec) -> Model:
         return WhereModel(spec)
-
-
-class PythonLike(NativeLike):
-    runs_python = True
 
 
 class WherePlugin:
@@ -169,8 +187,7 @@ class WherePlugin:
 
     @hookimpl
     def modelhost_register_backends(self, registry) -> None:
-        registry.add_backend("native_like", NativeLike)
-        registry.add_backend("python_like", PythonLike)
+        registry.add_backend("where", WhereBackend)
 
 
 def _on_pinned_thread(fn):
@@ -192,15 +209,14 @@ def _on_pinned_thread(fn):
 
 
 @needs_two
-def test_execute_widens_for_backends_that_compute_outside_the_gil(tmp_path: Path) -> None:
+def test_a_long_execute_and_a_load_run_on_every_cpu(tmp_path: Path) -> None:
     cpu = ALLOWED[0]
-    write_model(tmp_path, "native_where", backend="native_like")
-    write_model(tmp_path, "python_where", backend="python_like")
-    write_model(tmp_path, "native_slow", backend="native_like",
+    write_model(tmp_path, "quick", backend="where")
+    write_model(tmp_path, "slow", backend="where",
                 extra='parameters { key: "sleep_ms" value { string_value: "2" } }')
-    write_model(tmp_path, "loaded_later", backend="native_like")
+    write_model(tmp_path, "loaded_later", backend="where")
     options = ServerOptions(model_repositories=[tmp_path], python_cpu=str(cpu),
-                            model_control_mode="explicit", load_models=["native_where", "native_slow", "python_where"])
+                            model_control_mode="explicit", load_models=["quick", "slow"])
     host = Host(options, plugins=get_plugin_manager(blocked=["python"], extra=[WherePlugin()]))
     try:
         assert host.start() == {}
@@ -210,16 +226,15 @@ def test_execute_widens_for_backends_that_compute_outside_the_gil(tmp_path: Path
                 "IN": Tensor("IN", "INT32", [1], np.zeros(1, np.int32))})
             return host.infer(request).outputs[0].data.tolist()
 
-        seen, after = _on_pinned_thread(lambda: infer("native_where"))
-        assert seen == ALLOWED and after == [cpu]  # wide for the call, pinned again after
-        # That execute was short: the next one stays on the Python CPU (moving costs more).
-        seen, after = _on_pinned_thread(lambda: infer("native_where"))
-        assert seen == [cpu] and after == [cpu]
-        for _ in range(2):  # a long execute keeps widening
-            seen, after = _on_pinned_thread(lambda: infer("native_slow"))
+        # A model's first execute is wide (a pool it starts lazily gets every CPU), and its
+        # thread is pinned again after the call.
+        seen, after = _on_pinned_thread(lambda: infer("quick"))
+        assert seen == ALLOWED and after == [cpu]
+        # Once an execute was short, the next one stays on the Python CPU (moving costs more).
+        assert settled(lambda: _on_pinned_thread(lambda: infer("quick"))[0]) == [cpu]
+        for _ in range(3):  # a long execute keeps widening
+            seen, after = _on_pinned_thread(lambda: infer("slow"))
             assert seen == ALLOWED and after == [cpu]
-        seen, after = _on_pinned_thread(lambda: infer("python_where"))
-        assert seen == [cpu] and after == [cpu]
         # A load asked for on a front-end thread runs wide (its threads inherit that).
         _, after = _on_pinned_thread(lambda: host.load_model("loaded_later"))
         assert SEEN["loaded_later"] == ALLOWED and after == [cpu]

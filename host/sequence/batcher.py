@@ -106,8 +106,7 @@ class _Worker:
 
     def _run(self) -> None:
         batcher = self.batcher
-        if batcher.model.runs_python:
-            affinity.pin()  # it hands the GIL to the front end's threads: same CPU
+        affinity.pin()  # it hands the GIL to the front end's threads: same CPU (host.affinity)
         while True:
             with self.cond:
                 batch = batcher._next_batch(self)

@@ -257,8 +257,6 @@ def _host_code(code: int) -> _Code:
 class PythonBackend(Backend):
     """Registered under the name "python"."""
 
-    runs_python = True  # host.affinity; in process mode the host's side only waits for the stub
-
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
 
