@@ -36,14 +36,29 @@ LONG_EXECUTE_NS = 200_000
 
 _cpu: frozenset[int] | None = None  # where pinned threads run; None: pinning is off
 _wide: frozenset[int] = frozenset()  # the CPUs the process could use when configured
-_local = threading.local()  # .pinned: this thread is on _cpu
+# .pinned: this thread is on _cpu. Unset in a thread that never called pin() or widen(): it may
+# still be pinned, having inherited the mask of the thread that started it (a pool started from
+# a request's thread), so widen() looks once.
+_local = threading.local()
+
+
+def parse(setting: str) -> str:
+    """The `--python-cpu` value, normalized: 'auto', 'off' or a CPU number (as text). ValueError
+    when it is none of those (whether the CPU is one this process may use is configure's check)."""
+    value = setting.strip().lower()
+    if value in ("auto", "off") or (value.isascii() and value.isdigit()):
+        return value
+    raise ValueError(f"expected 'auto', 'off' or a CPU number, got '{setting}'")
 
 
 def configure(setting: str) -> None:
     """Apply `--python-cpu`: 'auto', 'off' or a CPU number. Raises ValueError on a bad value."""
     global _cpu, _wide
-    value = setting.strip().lower()
-    if value in ("off", "none", ""):
+    try:
+        value = parse(setting)
+    except ValueError as exc:
+        raise ValueError(f"--python-cpu: {exc}") from None
+    if value == "off":
         _cpu = None
         return
     try:
@@ -55,10 +70,7 @@ def configure(setting: str) -> None:
     if value == "auto":
         _cpu = frozenset({allowed[os.getpid() % len(allowed)]}) if len(allowed) > 1 else None
         return
-    try:
-        cpu = int(value)
-    except ValueError:
-        raise ValueError(f"--python-cpu: expected 'auto', 'off' or a CPU number, got '{setting}'") from None
+    cpu = int(value)
     if cpu not in _wide:
         raise ValueError(f"--python-cpu: CPU {cpu} is not one this process may run on "
                          f"({', '.join(map(str, allowed))})")
@@ -85,7 +97,10 @@ def pin() -> None:
 def widen() -> bool:
     """Let the calling thread, if pinned, run on every CPU; True when it was pinned (then call
     `pin` when done). A cheap no-op for threads that are not pinned."""
-    if not getattr(_local, "pinned", False):
+    pinned = getattr(_local, "pinned", None)
+    if pinned is None:  # first call on this thread: pinned by inheritance?
+        pinned = _local.pinned = _cpu is not None and os.sched_getaffinity(0) == _cpu
+    if not pinned:
         return False
     try:
         os.sched_setaffinity(0, _wide)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from host import __version__, cli_triton, logsettings, settings
+from host import __version__, affinity, cli_triton, logsettings, settings
 from host.options import CONTROL_MODES, ServerOptions
 
 
@@ -38,11 +38,11 @@ def _cache_setting(text: str) -> tuple[str, str, str]:
 
 
 def _python_cpu(text: str) -> str:
-    """--python-cpu: 'auto', 'off' or a CPU number (host.affinity checks that the CPU is ours)."""
-    value = text.strip().lower()
-    if value in ("auto", "off") or (value.isascii() and value.isdigit()):
-        return value
-    raise argparse.ArgumentTypeError(f"expected 'auto', 'off' or a CPU number, got '{text}'")
+    """--python-cpu: host.affinity's rule (whether the CPU is ours is checked at start-up)."""
+    try:
+        return affinity.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) -> dict[str, dict[str, str]]:

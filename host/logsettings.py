@@ -185,6 +185,6 @@ def update(changes: dict[str, Any], format_name: str = "log_format") -> dict[str
                       ("log_verbose_level", "verbose_level"), ("log_format", "format")):
         if changes.get(key) is not None:
             setattr(settings, attr, changes[key])
-    if _handler is not None and settings is _handler.settings:
+    if _handler is not None:  # then `settings` are the handler's
         _sync_level(settings)
     return settings.as_dict()

@@ -57,7 +57,7 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     called = time.perf_counter_ns()
     failure: BaseException | None = None
     executing = supervise.executing(model.name)  # if the process dies now, the log names it
-    # A backend that computes outside the GIL may use every CPU for a long call (host.affinity).
+    # A long execute (the last one was, or this is the first) may use every CPU (host.affinity).
     widened = model.wide_execute and affinity.widen()
     try:
         responses = slot.instance.execute(requests)

@@ -190,19 +190,28 @@ class WherePlugin:
         registry.add_backend("where", WhereBackend)
 
 
-def _on_pinned_thread(fn):
-    """Run fn on a new thread that pinned itself, as a front-end thread does; returns
-    (fn's result, the thread's CPUs afterwards)."""
+def _on_pinned_thread(fn, inherited: bool = False):
+    """Run fn on a new thread that pinned itself, as a front-end thread does (or, `inherited`,
+    on a thread started by one, as a pool's thread is); returns (fn's result, the thread's CPUs
+    afterwards)."""
     out: list = []
 
     def run() -> None:
-        affinity.pin()
         try:
             out.append(fn())
         finally:
             out.append(sorted(os.sched_getaffinity(0)))
 
-    t = threading.Thread(target=run)
+    def pinned() -> None:
+        affinity.pin()
+        if not inherited:
+            run()
+            return
+        child = threading.Thread(target=run)  # its mask is this thread's; it never calls pin()
+        child.start()
+        child.join(60)
+
+    t = threading.Thread(target=pinned)
     t.start()
     t.join(60)
     return out[0], out[1]
@@ -235,6 +244,9 @@ def test_a_long_execute_and_a_load_run_on_every_cpu(tmp_path: Path) -> None:
         for _ in range(3):  # a long execute keeps widening
             seen, after = _on_pinned_thread(lambda: infer("slow"))
             assert seen == ALLOWED and after == [cpu]
+        # Also on a thread that only inherited the pin (a pool started from a request's thread).
+        seen, after = _on_pinned_thread(lambda: infer("slow"), inherited=True)
+        assert seen == ALLOWED and after == [cpu]
         # A load asked for on a front-end thread runs wide (its threads inherit that).
         _, after = _on_pinned_thread(lambda: host.load_model("loaded_later"))
         assert SEEN["loaded_later"] == ALLOWED and after == [cpu]
@@ -244,8 +256,9 @@ def test_a_long_execute_and_a_load_run_on_every_cpu(tmp_path: Path) -> None:
 
 
 def test_configure_checks_its_value() -> None:
-    with pytest.raises(ValueError, match="expected 'auto', 'off' or a CPU number"):
+    with pytest.raises(ValueError, match="--python-cpu: expected 'auto', 'off' or a CPU number"):
         affinity.configure("many")
+    assert affinity.parse(" Auto ") == "auto" and affinity.parse("3") == "3"
     with pytest.raises(InvalidArgumentError, match="is not one this process may run on"):
         Host(ServerOptions(model_repositories=[], python_cpu=str(max(ALLOWED) + 4096)))
     affinity.configure("off")
