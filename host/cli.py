@@ -37,6 +37,17 @@ def _cache_setting(text: str) -> tuple[str, str, str]:
     return name.strip(), key.strip(), value
 
 
+def _frontend_processes(text: str) -> int:
+    """--frontend-processes: a count from 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes, 1 or more, got '{text}'")
+    return value
+
+
 def _python_cpu(text: str) -> str:
     """--python-cpu: host.affinity's rule (whether the CPU is ours is checked at start-up)."""
     try:
@@ -217,6 +228,10 @@ def _serve_parser(sub) -> None:
                    help="the CPU shared by the threads that run Python on the request path (front end, "
                         "python models): 'auto' picks one when the process may use several; 'off' leaves "
                         "them to the system (docs/performance.md)")
+    p.add_argument("--frontend-processes", type=_frontend_processes, default=1, metavar="N",
+                   help="N front-end processes (HTTP, gRPC) in front of one engine process that holds "
+                        "the models: the request path uses N+1 cores, models are loaded once "
+                        "(docs/process_model.md); 1, the default, is one process")
     cli_triton.add_flags(p, _flag)
     p.add_argument("--cache-config", action="append", type=_cache_setting, default=[],
                    metavar="NAME,KEY=VALUE",
@@ -282,6 +297,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,
         python_cpu=args.python_cpu,
+        frontend_processes=args.frontend_processes,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
         cache_directory=args.cache_directory,
         http_restricted_api=args.http_restricted_api,

@@ -40,6 +40,8 @@ class ServerOptions:
     model_load_thread_count: int = 4
     # host.affinity: the CPU of the threads that run Python on the request path ('auto', 'off', N)
     python_cpu: str = "auto"
+    # host.frontend: N > 1 runs N front-end processes (HTTP, gRPC) before one engine process
+    frontend_processes: int = 1
     # Response cache: --cache-config NAME,KEY=VALUE settings by cache name, and where native
     # caches (<dir>/<name>/libtritoncache_<name>.so) are searched.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)

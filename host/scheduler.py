@@ -143,6 +143,8 @@ def delay_count(variable: str) -> int:
 
 
 class DirectScheduler:
+    queues = False  # runs each request on the submitting thread (host.frontend.engine)
+
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot]) -> None:
         self.model = model
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
@@ -191,6 +193,8 @@ class DirectScheduler:
 
 
 class DynamicBatcher:
+    queues = True  # submitting only queues: its own threads execute (host.frontend.engine)
+
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
                  preferred: Sequence[int], max_delay_us: int,
                  queue_config: ModelDynamicBatching | None = None,

@@ -35,7 +35,12 @@ class _GracefulArbiter(Arbiter):
         # A worker that failed to boot has already said why in one line (host.startup): stop
         # without gunicorn's "Shutting down / Reason: Worker failed to boot" and exit 1.
         if exit_status == self.WORKER_BOOT_ERROR:
-            self.stop()
+            from gunicorn.errors import HaltServer
+
+            try:
+                self.stop()
+            except HaltServer:  # another front end failing the same way while they stop
+                pass
             self.cfg.on_exit(self)
             sys.exit(1)
         super().halt(reason, exit_status)
@@ -79,13 +84,19 @@ class ServerApplication(BaseApplication):
         # Made here, in the master, before the fork: no crash loops, and a crashed worker comes
         # back with its models and shared-memory registrations (host.supervise).
         self.supervisor = Supervisor()
+        # --frontend-processes N > 1: the engine process (host.frontend.process), and which
+        # front-end slot this worker is (it chooses the worker's CPU).
+        self.engine: Any = None
+        self.slot = 0
         super().__init__()
 
     def load_config(self) -> None:
         o = self.options
         settings = {
             "bind": [f"{_bracket(o.http_address)}:{o.http_port}"],
-            "workers": 1,  # the models live in one process; scale out with replicas
+            # One worker holds the models; with --frontend-processes N, N workers are front ends
+            # of the engine process that holds them (host.frontend).
+            "workers": o.frontend_processes if self.engine is not None else 1,
             "worker_class": "host.http.worker.ConnectionWorker",  # a thread per connection
             "worker_connections": 1024,  # connections served at once (each on its own thread)
             "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
@@ -108,6 +119,9 @@ class ServerApplication(BaseApplication):
             "logger_class": _ServerLog,
             "control_socket_disable": True,  # several servers may run side by side
         }
+        if self.engine is not None:  # front ends keep nothing to restore (host.supervise)
+            settings.update(pre_fork=self._assign_slot, child_exit=_nothing,
+                            on_exit=self._stop_engine, post_fork=self._take_slot)
         for key, value in settings.items():
             self.cfg.set(key, value)
 
@@ -124,6 +138,8 @@ class ServerApplication(BaseApplication):
             os._exit(Arbiter.WORKER_BOOT_ERROR)
 
     def _load(self):
+        if self.engine is not None:
+            return self._load_front_end()
         from host.core import Host
         from host.http.app import create_app
 
@@ -173,6 +189,57 @@ class ServerApplication(BaseApplication):
         gc.set_threshold(20_000, 50, 50)
         return app
 
+    def _load_front_end(self):
+        """A front-end worker: HTTP and gRPC over the engine's Host (host.frontend)."""
+        from host import affinity, restricted, tls
+        from host.errors import UnavailableError
+        from host.frontend.remote import RemoteHost, slot_cpu
+        from host.http.app import create_app
+
+        o = self.options
+        affinity.configure((slot_cpu(self.slot) or "auto") if o.python_cpu == "auto" else o.python_cpu)
+        try:
+            self.host = RemoteHost(o, self.engine.path, self.engine.pid)  # waits for the engine
+        except UnavailableError:
+            # The engine failed to start (it said why), or died: the master stops on this exit
+            # status. Its socket exists once it was ready, so a death is worth a line.
+            if os.path.exists(self.engine.path):
+                log.critical("the engine process of this server died; the server stops")
+            logs.flush()
+            os._exit(Arbiter.WORKER_BOOT_ERROR)
+        app = create_app(self.host, max_input_size=o.http_max_input_size,
+                         restrictions=restricted.http(o.http_restricted_api))
+        if o.allow_grpc:
+            from host.grpc.server import start_grpc_server
+
+            try:
+                self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
+                                              compression_level=o.grpc_compression_level,
+                                              restrictions=restricted.grpc(o.grpc_restricted_protocol),
+                                              credentials=tls.grpc_credentials(o), share_port=True)
+            except OSError as exc:
+                raise startup.StartupError(startup.port_error(
+                    "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None
+        if o.log_verbose:
+            app = logs.RequestLog(app)
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 50)
+        return app
+
+    def _assign_slot(self, server: Any, worker: Any) -> None:
+        used = {getattr(w, "modelhost_slot", -1) for w in server.WORKERS.values()}
+        worker.modelhost_slot = next(i for i in range(len(used) + 1) if i not in used)
+
+    def _take_slot(self, server: Any, worker: Any) -> None:
+        self.slot = getattr(worker, "modelhost_slot", 0)
+        self.engine.forget()
+
+    def _stop_engine(self, server: Any) -> None:
+        if self.engine is not None and os.getpid() == self.engine.master:
+            self.engine.stop(self.options.exit_timeout_secs + 10)
+        self.supervisor.on_exit(server)
+
     def _release_after_failure(self) -> None:
         for part in (self.grpc, self.metrics):
             if part is not None:
@@ -185,13 +252,20 @@ class ServerApplication(BaseApplication):
         (host.http.worker) and leaves when there is one, so that the master starts a new one."""
         if self.grpc is not None and self.grpc.failure:
             return self.grpc.failure
-        return None
+        return getattr(self.host, "failure", None) if self.engine is not None else None
 
     def _post_worker_init(self, worker: Any) -> None:
         _graceful_worker_sigint(worker)
-        self.supervisor.worker_booted()
+        if self.engine is None:
+            self.supervisor.worker_booted()
 
     def _worker_exit(self, server: Any, worker: Any) -> None:
+        if self.engine is not None:  # a front end: the engine keeps the models
+            if self.grpc is not None:
+                self.grpc.stop(grace=self.options.exit_timeout_secs)
+            if self.host is not None:
+                self.host.close()
+            return
         self.supervisor.worker_exiting()
         # The HTTP connections are drained by now; let gRPC calls in flight finish too.
         if self.grpc is not None:
@@ -204,6 +278,10 @@ class ServerApplication(BaseApplication):
 
     def run(self) -> None:
         _GracefulArbiter(self).run()
+
+
+def _nothing(server: Any, worker: Any) -> None:
+    """A front end that exits is started again by the master; the engine kept every state."""
 
 
 def _graceful_worker_sigint(worker: Any) -> None:
@@ -226,5 +304,11 @@ def serve(options: ServerOptions) -> int:
     from host.grpc import core_settings
 
     core_settings.apply()  # the worker inherits it; grpc's core reads it when it first starts
-    ServerApplication(options).run()
+    app = ServerApplication(options)
+    if options.frontend_processes > 1:
+        from host.frontend.process import EngineProcess
+
+        app.engine = EngineProcess(options)  # before gunicorn: the master has no thread yet
+        app.load_config()  # again: the worker count and hooks depend on the engine
+    app.run()
     return 0

@@ -55,6 +55,9 @@ def preflight(options: ServerOptions) -> None:
                 f"(or MODELHOST_MODEL_REPOSITORY) naming a folder of models")
         if not path.is_dir():
             raise StartupError(f"model repository '{root}' is not a folder: pass --model-repository DIR")
+    if options.frontend_processes > 1 and options.allow_grpc and options.grpc_port == 0:
+        raise StartupError("--grpc-port 0 (any free port) cannot be shared by several front-end "
+                           "processes: give a port with --grpc-port, or use --frontend-processes 1")
     seen: dict[int, str] = {}
     for name, address, port, flag in endpoints(options):
         if port in seen and port != 0:

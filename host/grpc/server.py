@@ -560,8 +560,11 @@ def _drain(cq: Any) -> None:
 def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 32,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                       compression_level: str = "none", restrictions: Restrictions | None = None,
-                      credentials: Any = None) -> GrpcServer:
+                      credentials: Any = None, share_port: bool = False) -> GrpcServer:
     """Serve `host` over gRPC on `address:port` (port 0: any free port); returns once listening.
+
+    `share_port`: the front-end processes of one server (host.frontend) listen on the same port,
+    the kernel spreading connections over them (SO_REUSEPORT).
 
     At most `max_workers` threads take calls and run them (a call runs its model on the thread
     that took it; see `_Pollers`). `compression_level` (none, low, medium,
@@ -573,8 +576,9 @@ def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        # A port another server holds must fail here, not be shared with it.
-        ("grpc.so_reuseport", 0),
+        # A port another server holds must fail here, not be shared with it (the master checked
+        # the port was free before starting the front ends that share it).
+        ("grpc.so_reuseport", 1 if share_port else 0),
     ]
     if COMPRESSION_LEVELS[compression_level]:
         options.append(("grpc.default_compression_level", COMPRESSION_LEVELS[compression_level]))

@@ -141,6 +141,8 @@ class _Worker:
 
 
 class SequenceBatcher:
+    queues = True  # submitting only queues: its own threads execute (host.frontend.engine)
+
     def __init__(self, model: ModelVersion, instances: list[InstanceSlot]) -> None:
         cfg = model.config
         seq = cfg.sequence_batching

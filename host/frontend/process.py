@@ -1,0 +1,160 @@
+"""The engine process: started by `modelhost serve --frontend-processes N` before gunicorn
+starts its workers (the front ends), stopped after they have drained.
+
+It is forked from the master while the master has no thread yet (as gunicorn forks its workers),
+loads the models, serves the metrics endpoint and then the front ends' Unix socket: a front end
+that can connect knows the engine is ready. A start-up failure is one line from the engine, and
+the front ends, finding it gone, stop the server (host.serve).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import shutil
+import select
+import signal
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any
+
+from host import logs, startup
+from host.options import ServerOptions
+
+log = logging.getLogger(__name__)
+
+
+class EngineProcess:
+    """The master's handle on the engine."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.folder = tempfile.mkdtemp(prefix="modelhost-engine-")  # 0700: only our user connects
+        self.path = os.path.join(self.folder, "engine.sock")
+        self.master = os.getpid()
+        # The engine stops when this pipe has something to read (a byte, or its end when the
+        # master is gone), never on a signal: SIGTERM or SIGINT sent to the whole process group
+        # (a terminal's Ctrl-C, systemd) must leave it serving until the front ends drained.
+        stop_read, self.stop_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(self.stop_fd)
+            _engine_main(options, self.path, self.master, stop_read)  # never returns
+        os.close(stop_read)
+        self.pid = pid
+
+    def forget(self) -> None:
+        """In a front end after the fork: the master alone holds the engine's stop pipe."""
+        os.close(self.stop_fd)
+
+    def stop(self, timeout: float) -> None:
+        """After the front ends are gone: the engine finishes what it has and unloads."""
+        try:
+            os.write(self.stop_fd, b"x")
+            os.close(self.stop_fd)
+        except OSError:
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _exists(self.pid):
+            time.sleep(0.05)
+        if _exists(self.pid):
+            log.warning("the engine process did not stop within %.0f s; killing it", timeout)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _exists(pid: int) -> bool:
+    try:  # our child: reap it if it ended (gunicorn's handler may have done so already)
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return False
+
+
+def engine_cpu(options: ServerOptions) -> str:
+    """--python-cpu for the engine: with 'auto', the first allowed CPU (the front ends take the
+    others: host.frontend.remote.slot_cpu)."""
+    if options.python_cpu != "auto":
+        return options.python_cpu
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return "auto"
+    return str(allowed[0]) if len(allowed) > 1 else "auto"
+
+
+ENGINE_NAME = "modelhost-engine"  # what `ps -o comm` and /proc/PID/comm show (15 characters kept)
+
+
+def _name_process(name: str) -> None:
+    """The process's name as tools show it (prctl PR_SET_NAME), so that the engine can be told
+    from the front ends; threads started afterwards inherit it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _engine_main(options: ServerOptions, path: str, master: int, stop_fd: int) -> None:
+    # Signals to the process group are for the master: it stops the front ends first and then
+    # this process (the stop pipe), so that requests in flight finish.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _name_process(ENGINE_NAME)
+    code = 0
+    host = metrics = link = None
+    try:
+        from host.core import Host
+        from host.frontend.engine import EngineLink
+
+        host = Host(replace(options, python_cpu=engine_cpu(options)))
+        host.start()
+        if options.allow_metrics:
+            from host.metrics import start_metrics_server
+
+            try:
+                metrics = start_metrics_server(host, options.metrics_address, options.metrics_port)
+            except OSError as exc:
+                raise startup.StartupError(startup.port_error(
+                    "metrics", options.metrics_address, options.metrics_port, "--metrics-port",
+                    exc)) from None
+        link = EngineLink(host, path)
+        link.start()
+        startup.log_summary(host, startup.listening_rows(options, listening_grpc(options), metrics))
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 50)
+        while not select.select([stop_fd], [], [], 1.0)[0]:
+            if os.getppid() != master:  # the master is gone: so is the server
+                break
+    except BaseException as exc:  # noqa: BLE001 - every start-up failure ends the same way
+        log.debug("engine start-up failed", exc_info=True)
+        startup.log.error("%s", startup.explain(exc, options))
+        code = 1
+    finally:
+        for part in (link, metrics):
+            if part is not None:
+                part.stop()
+        if host is not None:
+            if code == 0:
+                log.info("stopping: waiting for in-flight requests, then unloading models")
+            host.stop()
+        logs.flush()
+        os._exit(code)
+
+
+class _Listening:
+    """What startup.listening_rows reads of a gRPC server: the port the front ends share."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.port = options.grpc_port
+
+
+def listening_grpc(options: ServerOptions) -> Any:
+    return _Listening(options) if options.allow_grpc else None
