@@ -49,6 +49,35 @@ def configurations(cpu_sets: list[str], frontends: list[int], triton: bool) -> l
     return out
 
 
+def wakeup_cost(cpus: tuple[int, int], rounds: int = 20000) -> tuple[float, float]:
+    """A message ping-ponged between two processes over a Unix socket pair, each pinned to one
+    of `cpus`: (wall us per round trip, CPU us per round trip, both processes). Every request that
+    crosses from a front end to the engine and back pays at least this."""
+    import socket
+
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {cpus[1]})
+        for _ in range(rounds):
+            b.sendall(b.recv(64))
+        os._exit(0)
+    os.sched_setaffinity(0, {cpus[0]})
+    c0, t0 = os.times(), time.perf_counter()
+    for _ in range(rounds):
+        a.sendall(b"x" * 48)
+        a.recv(64)
+    wall = time.perf_counter() - t0
+    os.waitpid(pid, 0)
+    c1 = os.times()
+    os.sched_setaffinity(0, os.sched_getaffinity(0) | set(cpus))
+    cpu = (c1.user + c1.system - c0.user - c0.system) + (c1.children_user + c1.children_system
+                                                          - c0.children_user - c0.children_system)
+    a.close()
+    b.close()
+    return wall / rounds * 1e6, cpu / rounds * 1e6
+
+
 def make_server(kind: str, cpus: str, frontends: int, repo: str, resdir: str, python: str) -> pvt.Server:
     server = (pvt.triton_server(repo, resdir) if kind == "triton"
               else pvt.modelhost_server(repo, resdir, python))
@@ -74,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     pvt.ensure_anchor(need_triton=not args.skip_triton)
+    allowed = sorted(os.sched_getaffinity(0))
+    wakeups = [(pair, *wakeup_cost(pair)) for pair in ((allowed[0], allowed[0]), (allowed[0], allowed[-1]))
+               if len(allowed) > 1 or pair[0] == pair[1]]
+    for pair, wall, cpu in wakeups:
+        pvt.log(f"process ping-pong on CPUs {pair}: {wall:.1f} us per round trip, {cpu:.1f} us of CPU")
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load0 = os.getloadavg()[0]
     t0 = time.monotonic()
@@ -109,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
               "scaling is infer/s over one modelhost process on the first CPU set, same model, protocol "
               "and concurrency.", "",
               *lines, "",
+              "What a request's trip from a front end to the engine and back costs at least on this "
+              "machine: one message ping-ponged between two processes over a Unix socket pair "
+              "(`wakeup_cost` in the script):", "",
+              "| CPUs of the two processes | wall us per round trip | CPU us per round trip (both) |",
+              "| --- | ---: | ---: |",
+              *[f"| {a} and {b} | {wall:.1f} | {cpu:.1f} |" for (a, b), wall, cpu in wakeups], "",
               f"- Date: {started}; run took {time.monotonic() - t0:.0f} s; passes: {args.passes}",
               f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}, {machine['os']}; "
               f"shared with other jobs (load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end).",

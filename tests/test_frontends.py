@@ -323,3 +323,33 @@ def test_start_up_failures_are_one_line(tmp_path):
                               "--http-port", "0", "--metrics-port", "0", *args],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode != 0 and message in run.stderr + run.stdout
+
+
+def test_large_tensors_cross_out_of_band_both_ways(server):
+    # 4 MiB in and out: past wire.OUT_OF_BAND, the arrays travel after the pickle
+    x = np.random.default_rng(7).random(1 << 20, dtype=np.float32)
+    assert np.array_equal(infer_http(server, x), x)
+    assert np.array_equal(infer_grpc(server, x), x)
+
+
+def test_generate_and_settings_through_front_ends(server):
+    import json
+    import urllib.request
+
+    body = json.dumps({"IN": [4, 5]}).encode()
+    req = urllib.request.Request(f"{server.http_url}/v2/models/repeat/generate_stream", data=body,
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=20) as r:
+        events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines()
+                  if line.startswith(b"data: ")]
+    assert [e["OUT"] for e in events] == [4, 5]
+    # log settings changed through one front end are the engine's, and so every front end's
+    with http(server) as c:
+        c.update_log_settings({"log_verbose_level": 0, "log_info": False})
+    assert all(http(server).get_log_settings()["log_info"] is False for _ in range(6))
+    with grpc(server) as c:
+        c.update_log_settings({"log_info": True})
+    assert all(http(server).get_log_settings()["log_info"] is True for _ in range(6))
+    with http(server) as c:
+        c.update_trace_settings("identity", {"trace_rate": "7"})
+    assert {http(server).get_trace_settings("identity")["trace_rate"] for _ in range(6)} == {"7"}
