@@ -65,6 +65,21 @@ ReturnStats = Callable[[str], None]
 OnFailure = Callable[[BaseException], None]
 _ONE = np.ones((1, 1), np.int32)
 _ONE.flags.writeable = False
+# output_ids of a streamed response holding one token, one read-only array per token id (as
+# _ONE): a dictionary look-up instead of building an array per token; bounded, the rest are built
+_TOKEN: dict[int, np.ndarray] = {}
+_TOKEN_CACHE_LIMIT = 1 << 15
+
+
+def _one_token(token: int) -> np.ndarray:
+    """output_ids [1, 1, 1] holding `token`, read-only (shared by every response that sends it)."""
+    ids = _TOKEN.get(token)
+    if ids is None:
+        ids = np.full((1, 1, 1), token, np.int32)
+        ids.flags.writeable = False
+        if len(_TOKEN) < _TOKEN_CACHE_LIMIT:
+            _TOKEN[token] = ids
+    return ids
 
 
 class BatchManager:
@@ -319,19 +334,33 @@ class BatchManager:
         choice = sample(sampling, chosen)
         now = time.monotonic_ns()
         send, outputs, errors, generation = self._send, self._outputs, choice.errors, Phase.GENERATION
+        m = self.metrics
+        gaps: list[float] = []  # inter-token latencies, observed together after the loop
+        gap = gaps.append
         for i, (seq, token) in enumerate(zip(sampling, choice.tokens)):
             if errors and i in errors:
                 self._finish(seq, f"sampling failed: {errors[i]}", with_outputs=False)
                 continue
             seq.tokens.append(token)
             seq.phase = generation
-            self._timed(seq, now)
-            if seq.plain and seq.request.stop_check is None:  # nothing more to record: answer
+            # _timed, inlined (this loop runs for every request, every step)
+            if seq.first_token_ns:
+                gap((now - seq.last_token_ns) / 1e9)
+            else:
+                seq.first_token_ns = now
+                m.ttft.observe((now - seq.request.arrival_ns) / 1e9)
+            seq.last_token_ns = now
+            if seq.quick:  # plain, no stop_check: nothing more to record, answer
                 r = seq.request
                 if seq.finished():
                     self._finish(seq, "")
                 elif r.streaming:
-                    send(r.request_id, outputs(seq), False, "")
+                    if seq.sent == len(seq.tokens) - seq.prompt_len - 1 and not r.return_context_logits:
+                        seq.sent += 1  # the one new token: _outputs' common case, without the call
+                        send(r.request_id, {"output_ids": _one_token(token), "sequence_length": _ONE},
+                             False, "")
+                    else:
+                        send(r.request_id, outputs(seq), False, "")
                 continue
             log_prob, top = choice.log_probs[i], choice.top[i]
             if log_prob is not None:
@@ -352,6 +381,9 @@ class BatchManager:
                 self._finish(seq, "")
             elif seq.request.streaming:
                 self._send(seq.request_id, self._outputs(seq), False, "")
+        m.generation_tokens += len(sampling) - len(errors)
+        if gaps:
+            m.inter_token.observe_all(gaps)
         return len(sampling)
 
     def _timed(self, seq: Sequence, now: int) -> None:
@@ -455,7 +487,7 @@ class BatchManager:
                                       or r.return_context_logits):  # the common case, made cheap
                 seq.sent = seq.generated
                 if not r.top_log_probs:
-                    return {"output_ids": np.full((1, 1, 1), ids[0], np.int32), "sequence_length": _ONE}
+                    return {"output_ids": _one_token(ids[0]), "sequence_length": _ONE}
         else:
             first = 0
             ids = seq.tokens[seq.prompt_len:] if r.exclude_input_in_output else seq.tokens

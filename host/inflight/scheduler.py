@@ -99,13 +99,28 @@ class Scheduler:
         work: list[tuple[Sequence, int]] = []
         # generation first (one token each: the beams of a request always step together), then
         # the contexts in admission order with what the budget leaves
-        for seq in sorted(active, key=lambda s: s.phase is not Phase.GENERATION):
+        generation = Phase.GENERATION
+        contexts = []
+        bs = cache.tokens_per_block
+        need = 0  # new blocks for the work (inlined: this loop runs for every request, every step)
+        for seq in active:
+            if seq.phase is not generation:
+                contexts.append(seq)
+                continue
+            n = len(seq.tokens) - seq.num_cached
+            if n > budget:
+                n = self._chunk(seq, budget)
+            if n:
+                work.append((seq, n))
+                budget -= n
+                need += max(0, -(-(seq.num_cached + n) // bs) - len(seq.block_table))
+        for seq in contexts:
             n = self._chunk(seq, budget)
             if n:
                 work.append((seq, n))
                 budget -= n
+                need += self._new_blocks(seq, n)
         plan = Plan()
-        need = sum(self._new_blocks(seq, n) for seq, n in work)
         while need > cache.num_free:
             if cfg.policy is not CapacityPolicy.MAX_UTILIZATION:
                 raise RuntimeError(f"KV cache exhausted under {cfg.policy.value}: "
@@ -126,9 +141,12 @@ class Scheduler:
             waiting.appendleft(victim)
             plan.paused.append(victim)
             need = sum(self._new_blocks(seq, n) for seq, n in work)
-        for seq, n in work:
-            self._grow(seq, n)
-            self.register_blocks(seq, seq.num_cached + n)
+        if need:
+            for seq, n in work:
+                self._grow(seq, n)
+        if cache.enable_block_reuse:
+            for seq, n in work:
+                self.register_blocks(seq, seq.num_cached + n)
 
         static = cfg.policy is CapacityPolicy.STATIC_BATCH or cfg.batching is BatchingScheme.V1
         guaranteed = cfg.policy is not CapacityPolicy.MAX_UTILIZATION or cfg.batching is BatchingScheme.V1

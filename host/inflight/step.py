@@ -73,17 +73,18 @@ def _slot_table(seq: Sequence, tokens_per_block: int) -> torch.Tensor:
     return cached
 
 
-_OFFSETS: dict[int, torch.Tensor] = {}
+_EMPTY_BYTES: dict[int, tuple[bytes, list[bytes]]] = {}
 
 
-def _offsets(tokens_per_block: int) -> torch.Tensor:
-    """arange(tokens_per_block), made once per block size."""
-    t = _OFFSETS.get(tokens_per_block)
-    if t is None:
-        import torch
-
-        t = _OFFSETS[tokens_per_block] = torch.arange(tokens_per_block)
-    return t
+def _empty_bytes(tokens_per_block: int) -> tuple[bytes, list[bytes]]:
+    """The rows of `decode_block_empty` as bytes (bool 0/1), made once per block size: a full
+    block's (no empty slot), and per fill f (1..tokens_per_block) a last block's holding f tokens."""
+    rows = _EMPTY_BYTES.get(tokens_per_block)
+    if rows is None:
+        bs = tokens_per_block
+        rows = _EMPTY_BYTES[bs] = (bytes(bs), [bytes(int(j >= f) for j in range(bs))
+                                               for f in range(bs + 1)])
+    return rows
 
 
 def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
@@ -98,14 +99,17 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     dec_write: list[int] = []
     dec_blocks: list[int] = []
     dec_segment: list[int] = []
-    dec_fill: list[int] = []
     logits_index: list[int] = []
     logits_rows: list[tuple[int, int]] = []
     bs = tokens_per_block
+    # the empty-slot mask is made as bytes here (a full block's row, then the last block's),
+    # not by tensor operations: each torch or numpy call costs tens of microseconds right after
+    # a forward pass (its code and data are out of the CPU's caches by then)
+    full_row, last_rows = _empty_bytes(bs)
+    empty = bytearray()
     # the hot loop of the host path: bound methods, one divmod per request
     add_id, add_pos, add_write = ids.append, pos.append, dec_write.append
-    add_blocks, add_segment, add_fills, add_fill = (dec_blocks.extend, dec_segment.extend,
-                                                    dec_fill.extend, dec_fill.append)
+    add_blocks, add_segment = dec_blocks.extend, dec_segment.extend
     for i, seq in enumerate(decode):
         n = seq.num_cached
         table = seq.block_table
@@ -115,8 +119,8 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         add_write(table[full] * bs + offset)
         add_blocks(table[:full + 1])
         add_segment([i] * (full + 1))
-        add_fills([bs] * full)
-        add_fill(offset + 1)
+        empty += full_row * full
+        empty += last_rows[offset + 1]
     logits_index.extend(range(len(decode)))
     logits_rows.extend((i, 1) for i in range(len(decode)))
     contexts = []
@@ -145,12 +149,11 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
             logits_rows.append((len(logits_index), 0))
         row += n
     # one tensor for every integer list (a tensor per list costs more than the packing)
-    sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(dec_fill),
-             len(logits_index)]
+    sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(logits_index)]
     flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
-        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index),
+        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + logits_index),
         dtype=torch.int64)
-    input_ids, positions, writes, blocks, segment, fill, logits_at = torch.split(flat, sizes)
+    input_ids, positions, writes, blocks, segment, logits_at = flat.split_with_sizes(sizes)
     slots = torch.cat([writes] + slot_parts) if slot_parts else writes
     return StepBatch(
         input_ids=input_ids,
@@ -160,7 +163,8 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         num_decode=len(decode),
         decode_blocks=blocks,
         decode_block_segment=segment,
-        decode_block_empty=_offsets(tokens_per_block) >= fill[:, None],
+        decode_block_empty=(torch.frombuffer(empty, dtype=torch.bool).view(-1, bs) if empty
+                            else torch.zeros((0, bs), dtype=torch.bool)),
         contexts=contexts,
         logits_index=logits_at,
         logits_rows=logits_rows,
