@@ -189,7 +189,8 @@ class BatchManager:
 
     def step(self) -> bool:
         """One iteration; False when there was nothing to run."""
-        start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
+        logged = self.step_log is not None  # CPU times (a system call each) only for the log
+        start, cpu_start = time.perf_counter_ns(), time.thread_time_ns() if logged else 0
         room = -1 if self.max_queue_size is None else max(0, self.max_queue_size - len(self.waiting))
         if room:
             for request in self._get(room) or ():
@@ -211,7 +212,7 @@ class BatchManager:
         batch = build_step(plan.decode, plan.context, self.cache.tokens_per_block)
         if self.model.device.type != "cpu":
             batch = batch.to(self.model.device)
-        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns() if logged else 0
         try:
             logits = self.model.forward(batch, self.cache)
         except Exception as exc:
@@ -224,7 +225,7 @@ class BatchManager:
                     self._finish(seq, f"forward pass failed: {type(exc).__name__}: {exc}",
                                  with_outputs=False)
             return True
-        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns() if logged else 0
         generated = self._advance(plan.decode + [s for s, _ in plan.context],
                                   [1] * len(plan.decode) + [n for _, n in plan.context], batch, logits)
         self._apply_stops()
@@ -233,7 +234,7 @@ class BatchManager:
         self.forward_ns += t1 - t0
         self.host_ns += (end - start) - (t1 - t0)
         self.steps += 1
-        if self.step_log is not None:
+        if logged and self.step_log is not None:
             self.step_log.append((start, t1 - t0, len(plan.decode) + len(plan.context),
                                   cpu_start, c1 - c0))
         self._report(plan, batch, end - start, t1 - t0, generated)
@@ -336,7 +337,7 @@ class BatchManager:
         send, outputs, errors, generation = self._send, self._outputs, choice.errors, Phase.GENERATION
         m = self.metrics
         gaps: list[float] = []  # inter-token latencies, observed together after the loop
-        gap = gaps.append
+        gap, token_ids = gaps.append, _TOKEN
         for i, (seq, token) in enumerate(zip(sampling, choice.tokens)):
             if errors and i in errors:
                 self._finish(seq, f"sampling failed: {errors[i]}", with_outputs=False)
@@ -352,13 +353,17 @@ class BatchManager:
             seq.last_token_ns = now
             if seq.quick:  # plain, no stop_check: nothing more to record, answer
                 r = seq.request
-                if seq.finished():
+                generated = len(seq.tokens) - seq.prompt_len
+                # seq.finished() for a sequence with no stop_check, inlined (one token made)
+                if (generated >= r.max_new_tokens or seq.stopped or token == r.end_id
+                        or token in r.stop_token_ids or (r.stop_words and seq.finished())):
                     self._finish(seq, "")
                 elif r.streaming:
-                    if seq.sent == len(seq.tokens) - seq.prompt_len - 1 and not r.return_context_logits:
-                        seq.sent += 1  # the one new token: _outputs' common case, without the call
-                        send(r.request_id, {"output_ids": _one_token(token), "sequence_length": _ONE},
-                             False, "")
+                    if seq.sent == generated - 1 and not r.return_context_logits:
+                        seq.sent = generated  # _outputs' common case (the one new token), inlined
+                        ids = token_ids.get(token)
+                        send(r.request_id, {"output_ids": _one_token(token) if ids is None else ids,
+                                            "sequence_length": _ONE}, False, "")
                     else:
                         send(r.request_id, outputs(seq), False, "")
                 continue

@@ -150,9 +150,12 @@ class Scheduler:
 
         static = cfg.policy is CapacityPolicy.STATIC_BATCH or cfg.batching is BatchingScheme.V1
         guaranteed = cfg.policy is not CapacityPolicy.MAX_UTILIZATION or cfg.batching is BatchingScheme.V1
-        admit = not plan.paused and not (static and batch_was_running)
-        reserved = sum(s.reserved_blocks for s in active)
-        beam_reserved = sum(s.reserved_blocks for s in active if s.request.beam_width > 1)
+        admit = (not plan.paused and not (static and batch_was_running) and bool(waiting)
+                 and len(active) < cfg.max_batch_size and budget > 0)
+        reserved = beam_reserved = 0
+        if admit:  # (summed only when someone can be admitted: most iterations admit nobody)
+            reserved = sum(s.reserved_blocks for s in active)
+            beam_reserved = sum(s.reserved_blocks for s in active if s.request.beam_width > 1)
         while admit and waiting and len(active) < cfg.max_batch_size and budget > 0:
             seq = waiting[0]
             worst = self.worst_case_blocks(seq)

@@ -15,9 +15,9 @@ import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+if TYPE_CHECKING:
     from host.inflight.request import Sequence
 
 
@@ -62,8 +62,6 @@ class StepBatch:
 
 def _slot_table(seq: Sequence, tokens_per_block: int) -> torch.Tensor:
     """All slots of the sequence's blocks in order; cached until its block table changes."""
-    import torch
-
     cached = seq.extra.get("slots")
     if cached is None or seq.extra.get("slots_blocks") != len(seq.block_table):
         blocks = torch.tensor(seq.block_table, dtype=torch.int64)
@@ -91,8 +89,6 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
                tokens_per_block: int) -> StepBatch:
     """Pack one iteration: `decode` sequences compute their last token; each `(seq, n)` of
     `context` computes its next `n` uncached tokens. Block tables must already cover them."""
-    import torch
-
     ids: list[int] = []
     pos: list[int] = []
     slot_parts = []
