@@ -325,13 +325,14 @@ class BatchManager:
         if not sampling:
             return 0
         chosen = logits[torch.tensor(rows, device=logits.device)] if len(rows) != logits.shape[0] else logits
-        plain = [i for i, seq in enumerate(sampling) if seq.request.beam_width == 1]
-        if len(plain) != len(sampling):
-            self._advance_beams(sampling, chosen)
-            if not plain:
-                return len(sampling)
-            sampling = [sampling[i] for i in plain]
-            chosen = chosen[torch.tensor(plain, device=chosen.device)]
+        if self.max_beam_width > 1:  # (beam search needs it: check() refuses the others)
+            plain = [i for i, seq in enumerate(sampling) if seq.request.beam_width == 1]
+            if len(plain) != len(sampling):
+                self._advance_beams(sampling, chosen)
+                if not plain:
+                    return len(sampling)
+                sampling = [sampling[i] for i in plain]
+                chosen = chosen[torch.tensor(plain, device=chosen.device)]
         choice = sample(sampling, chosen)
         now = time.monotonic_ns()
         send, outputs, errors, generation = self._send, self._outputs, choice.errors, Phase.GENERATION
