@@ -100,6 +100,7 @@ class Scheduler:
         # generation first (one token each: the beams of a request always step together), then
         # the contexts in admission order with what the budget leaves
         generation = Phase.GENERATION
+        decode: list[Sequence] = []  # the sequences of the generation work, in its order
         contexts = []
         bs = cache.tokens_per_block
         need = 0  # new blocks for the work (inlined: this loop runs for every request, every step)
@@ -112,6 +113,7 @@ class Scheduler:
                 n = self._chunk(seq, budget)
             if n:
                 work.append((seq, n))
+                decode.append(seq)
                 budget -= n
                 need += max(0, -(-(seq.num_cached + n) // bs) - len(seq.block_table))
         for seq in contexts:
@@ -190,11 +192,10 @@ class Scheduler:
             work.append((seq, n))
             budget -= n
 
-        for seq, n in work:
-            if seq.phase is Phase.GENERATION:
-                plan.decode.append(seq)
-            else:
-                plan.context.append((seq, n))
+        if plan.paused:  # (a paused sequence is WAITING now, and out of the work)
+            decode = [seq for seq in decode if seq.phase is generation]
+        # the work is the generation requests' first, then the contexts and the admitted
+        plan.decode, plan.context = decode, work[len(decode):]
         return plan
 
     def _chunk(self, seq: Sequence, budget: int) -> int:

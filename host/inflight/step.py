@@ -85,6 +85,19 @@ def _empty_bytes(tokens_per_block: int) -> tuple[bytes, list[bytes]]:
     return rows
 
 
+_DECODE_ROWS: list[tuple[int, int]] = [(i, 1) for i in range(256)]
+
+
+def _decode_rows(n: int) -> list[tuple[int, int]]:
+    """[(0, 1), (1, 1), ... (n-1, 1)]: the logits rows of n decode tokens (a slice of a list made
+    once; a larger one replaces it, whole, so threads of other managers never see it half made)."""
+    global _DECODE_ROWS
+    rows = _DECODE_ROWS
+    if len(rows) < n:
+        rows = _DECODE_ROWS = [(i, 1) for i in range(2 * n)]
+    return rows[:n]
+
+
 def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
                tokens_per_block: int) -> StepBatch:
     """Pack one iteration: `decode` sequences compute their last token; each `(seq, n)` of
@@ -118,7 +131,7 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         empty += full_row * full
         empty += last_rows[offset + 1]
     logits_index.extend(range(len(decode)))
-    logits_rows.extend((i, 1) for i in range(len(decode)))
+    logits_rows.extend(_decode_rows(len(decode)))
     contexts = []
     row = len(decode)
     for seq, n in context:
