@@ -16,7 +16,8 @@ Callbacks (the seed's, with Python types), all called on the worker thread:
 - `send_response(request_id, tensors, final, error)` at the end of an iteration, for each request
   that has something to say: `tensors` maps output names to numpy arrays (output_ids,
   sequence_length, and when asked: cum_log_probs, output_log_probs, context_logits,
-  generation_logits); `error` is "" unless something failed (then `final` is True). When it says
+  generation_logits; a streamed one-token response's arrays are read-only, shared between
+  responses); `error` is "" unless something failed (then `final` is True). When it says
   final, every state of the request is gone (its KV blocks are free) and its id can be used again.
 - `poll_stop_signal() -> set[int]` (optional) at the end of each iteration: requests to stop; each
   gets a final response with what it produced so far (no error).
