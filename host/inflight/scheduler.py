@@ -239,4 +239,3 @@ class Scheduler:
         self.cache.release(seq.block_table)
         seq.block_table, seq.block_hashes, seq.num_cached = [], [], 0
         seq.reserved_blocks = 0
-        seq.extra.pop("slots", None)

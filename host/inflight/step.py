@@ -60,15 +60,14 @@ class StepBatch:
                          contexts=contexts, logits_rows=self.logits_rows, **moved)
 
 
-def _slot_table(seq: Sequence, tokens_per_block: int) -> torch.Tensor:
-    """All slots of the sequence's blocks in order; cached until its block table changes."""
-    cached = seq.extra.get("slots")
-    if cached is None or seq.extra.get("slots_blocks") != len(seq.block_table):
-        blocks = torch.tensor(seq.block_table, dtype=torch.int64)
-        cached = (blocks[:, None] * tokens_per_block
-                  + torch.arange(tokens_per_block, dtype=torch.int64)).reshape(-1)
-        seq.extra["slots"], seq.extra["slots_blocks"] = cached, len(seq.block_table)
-    return cached
+def _kv_slots(table: list[int], count: int, tokens_per_block: int) -> list[int]:
+    """The slots of a sequence's first `count` tokens, in order, from its block table."""
+    bs = tokens_per_block
+    out: list[int] = []
+    for block in table[:-(-count // bs)]:
+        out.extend(range(block * bs, block * bs + bs))
+    del out[count:]
+    return out
 
 
 _EMPTY_BYTES: dict[int, tuple[bytes, list[bytes]]] = {}
@@ -104,8 +103,7 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     `context` computes its next `n` uncached tokens. Block tables must already cover them."""
     ids: list[int] = []
     pos: list[int] = []
-    slot_parts = []
-    dec_write: list[int] = []
+    writes: list[int] = []
     dec_blocks: list[int] = []
     dec_segment: list[int] = []
     logits_index: list[int] = []
@@ -117,7 +115,7 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     full_row, last_rows = _empty_bytes(bs)
     empty = bytearray()
     # the hot loop of the host path: bound methods, one divmod per request
-    add_id, add_pos, add_write = ids.append, pos.append, dec_write.append
+    add_id, add_pos, add_write = ids.append, pos.append, writes.append
     add_blocks, add_segment = dec_blocks.extend, dec_segment.extend
     for i, seq in enumerate(decode):
         n = seq.num_cached
@@ -132,20 +130,26 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         empty += last_rows[offset + 1]
     logits_index.extend(range(len(decode)))
     logits_rows.extend(_decode_rows(len(decode)))
-    contexts = []
+    # contexts: their new tokens' slots follow the decode tokens' (one `slots` section), and the
+    # slots of each context's tokens so far (its keys for attention) are sections of the same
+    # buffer, so the whole batch is one tensor split in views
+    chunks = []
+    kv_parts: list[int] = []
+    kv_sizes: list[int] = []
     row = len(decode)
     for seq, n in context:
         start = seq.num_cached
         ids.extend(seq.tokens[start:start + n])
         pos.extend(range(start, start + n))
-        table = _slot_table(seq, tokens_per_block)
-        kv = table[:start + n]
-        slot_parts.append(kv[start:])
+        kv = _kv_slots(seq.block_table, start + n, bs)
+        writes.extend(kv[start:])
+        kv_parts.extend(kv)
+        kv_sizes.append(start + n)
         mask = None
         if start:
             q_pos = torch.arange(start, start + n)
             mask = torch.arange(start + n)[None, :] <= q_pos[:, None]
-        contexts.append(ContextChunk(row, n, start, kv, mask))
+        chunks.append((row, n, start, mask))
         done = start + n == len(seq.tokens)
         if seq.request.return_context_logits and start < seq.prompt_len:
             first = len(logits_index)  # every prompt row of the chunk (and the last, to sample)
@@ -158,12 +162,14 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
             logits_rows.append((len(logits_index), 0))
         row += n
     # one tensor for every integer list (a tensor per list costs more than the packing)
-    sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(logits_index)]
+    sizes = [len(ids), len(pos), len(writes), len(dec_blocks), len(dec_segment), len(logits_index),
+             *kv_sizes]
     flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
-        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + logits_index),
+        array.array("q", ids + pos + writes + dec_blocks + dec_segment + logits_index + kv_parts),
         dtype=torch.int64)
-    input_ids, positions, writes, blocks, segment, logits_at = flat.split_with_sizes(sizes)
-    slots = torch.cat([writes] + slot_parts) if slot_parts else writes
+    input_ids, positions, slots, blocks, segment, logits_at, *kv_slots = flat.split_with_sizes(sizes)
+    contexts = [ContextChunk(at, n, start, kv, mask)
+                for (at, n, start, mask), kv in zip(chunks, kv_slots)]
     return StepBatch(
         input_ids=input_ids,
         positions=positions,
