@@ -290,7 +290,7 @@ def test_end_id_stops_generation(model, one_at_a_time):
 @pytest.mark.parametrize("kv_heads,window", [(2, None), (4, 20), (1, None)])
 def test_decode_attention_paths_agree(kv_heads, window, monkeypatch):
     """Decode attention's two ways of forming the products (every query head x every KV head of a
-    block, kept on the diagonal, for few KV heads; head-major copies for many) give the same
+    block, kept on the diagonal, for few query heads; head-major copies for many) give the same
     values, the last block's empty slots and a window masked alike."""
     from host.inflight import attention
     from host.inflight.request import Phase, Sequence
@@ -312,7 +312,7 @@ def test_decode_attention_paths_agree(kv_heads, window, monkeypatch):
     values = torch.randn(used * bs, kv_heads, dim, generator=gen, dtype=torch.float64)
     q = torch.randn(len(seqs), heads, dim, generator=gen, dtype=torch.float64)
     diagonal = attention.decode_attention(q, keys, values, batch, window)
-    monkeypatch.setattr(attention, "DIAGONAL_MAX_KV_HEADS", 0)
+    monkeypatch.setattr(attention, "DIAGONAL_MAX_HEADS", 0)
     head_major = attention.decode_attention(q, keys, values, batch, window)
     torch.testing.assert_close(diagonal, head_major)
     # and both are plain softmax attention over each request's own slots
