@@ -56,6 +56,7 @@ class Outcome:
     ttft: list[float] = field(default_factory=list)
     outputs: dict[int, list[int]] = field(default_factory=dict)
     host_share: float | None = None
+    host_us: float | None = None  # per step, CPU time of the worker thread outside the forward pass
     steps: int = 0
 
 
@@ -164,6 +165,7 @@ def run_manager(model, work: Work, batch: int) -> Outcome:
     total = sum(b[3] - a[3] for a, b in pairs)
     forward = sum(a[4] for a, _ in pairs)
     out.host_share = (total - forward) / total if total else None
+    out.host_us = (total - forward) / len(pairs) / 1000 if pairs else None
     out.steps = len(pairs)
     return out
 
@@ -244,8 +246,10 @@ def main(argv: list[str] | None = None) -> None:
               f"(target >= 20x)")
         if shares:
             steps = [o.steps for o in runs["ours"]]
+            host_us = [o.host_us for o in runs["ours"] if o.host_us is not None]
             print(f"host share of a step (batch >= {args.batch // 2}; {steps} steps), per round: "
-                  f"{', '.join(f'{s * 100:.1f}%' for s in shares)} (target < 2%)")
+                  f"{', '.join(f'{s * 100:.1f}%' for s in shares)} (target < 2%); host CPU per step "
+                  f"{', '.join(f'{u:.0f}' for u in host_us)} us")
         print("vLLM comparison: not run (no GPU on this machine)")
 
 

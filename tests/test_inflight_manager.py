@@ -285,3 +285,43 @@ def test_end_id_stops_generation(model, one_at_a_time):
     stopped = GenerationRequest(2, request.input_ids, request.max_new_tokens, end_id=end)
     outputs, _ = run(model, [stopped])
     assert generated(stopped, outputs[2]) == free_run[:free_run.index(end) + 1]
+
+
+@pytest.mark.parametrize("kv_heads,window", [(2, None), (4, 20), (1, None)])
+def test_decode_attention_paths_agree(kv_heads, window, monkeypatch):
+    """Decode attention's two ways of forming the products (every query head x every KV head of a
+    block, kept on the diagonal, for few query heads; head-major copies for many) give the same
+    values, the last block's empty slots and a window masked alike."""
+    from host.inflight import attention
+    from host.inflight.request import Phase, Sequence
+    from host.inflight.step import build_step
+
+    rng = random.Random(3)
+    bs, heads, dim = 4, 8, 16
+    seqs, used = [], 0
+    for i, length in enumerate([1, 4, 5, 23, 40]):
+        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
+        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
+        blocks = -(-length // bs)
+        seq.block_table = rng.sample(range(used, used + blocks + 2), blocks)
+        used += blocks + 2
+        seqs.append(seq)
+    batch = build_step(seqs, [], bs)
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(used * bs, kv_heads, dim, generator=gen, dtype=torch.float64)
+    values = torch.randn(used * bs, kv_heads, dim, generator=gen, dtype=torch.float64)
+    q = torch.randn(len(seqs), heads, dim, generator=gen, dtype=torch.float64)
+    diagonal = attention.decode_attention(q, keys, values, batch, window)
+    monkeypatch.setattr(attention, "DIAGONAL_MAX_HEADS", 0)
+    head_major = attention.decode_attention(q, keys, values, batch, window)
+    torch.testing.assert_close(diagonal, head_major)
+    # and both are plain softmax attention over each request's own slots
+    for i, seq in enumerate(seqs):
+        n = seq.num_cached + 1
+        slots = torch.tensor([seq.block_table[p // bs] * bs + p % bs for p in range(n)])
+        first = 0 if window is None else max(0, n - window)
+        k, v = keys[slots[first:]], values[slots[first:]]
+        group = heads // kv_heads
+        kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [n, H, D]
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kr) / dim ** 0.5, -1)
+        torch.testing.assert_close(diagonal[i], torch.einsum("hn,nhd->hd", w, vr))

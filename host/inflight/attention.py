@@ -52,6 +52,14 @@ def paged_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, b
     return attn
 
 
+# Up to this many query heads, decode attention multiplies every query head by every KV head of
+# a block (and keeps the matching pairs) rather than copying the gathered keys and values into a
+# head-major layout. The extra products per byte the copies would move grow with the query heads:
+# on one CPU core the products cost less up to 16 (12 heads / 4 KV heads: 15% less time, 12 / 12:
+# 25% less), about the same at 32 / 4 and more at 32 / 8.
+DIAGONAL_MAX_HEADS = 16
+
+
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: StepBatch,
                      window: int | None = None) -> torch.Tensor:
     """Attention of one query per request over that request's keys, all requests at once.
@@ -59,20 +67,38 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     The requests' blocks are gathered whole ([B, tokens_per_block, KV heads, D]); slots past a
     request's last token (in its last block only) are masked, and with a window the slots before
     it. Softmax runs per request across its blocks: per-block maxima and sums, combined per
-    request with scatter / index_add. The G query heads sharing a KV head are one small matrix
-    product per block."""
+    request with scatter / index_add.
+
+    The products, per block: with few query heads (DIAGONAL_MAX_HEADS), one matrix product of the
+    block's query heads [H, D] with its slots of every KV head [tokens_per_block * KVH, D] as
+    they lie in the cache, whose pairs of a query head with its own KV head are kept (a diagonal
+    view), and for the values the weights placed on that diagonal of a zero matrix: no copy of
+    the gathered keys and values (up to that many heads the extra products cost less than the
+    copies, and a product with the zeros adds exact zeros). With more heads, the gathered
+    blocks are made head-major ([B, KVH, tokens_per_block, D], a copy) and the G query heads of
+    each KV head are one small product."""
     n, heads, dim = q.shape
     kvh, bs = keys.shape[1], batch.tokens_per_block
     group = heads // kvh
     seg = batch.decode_block_segment
-    kb = keys.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
-    vb = values.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
-    qb = q.view(n, kvh, group, dim).index_select(0, seg)  # [B, KVH, G, D]
-    scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
+    blocks = seg.shape[0]
+    diagonal = heads <= DIAGONAL_MAX_HEADS
+    if diagonal:
+        kb = keys.view(-1, bs * kvh, dim).index_select(0, batch.decode_blocks)  # [B, bs*KVH, D]
+        vb = values.view(-1, bs * kvh, dim).index_select(0, batch.decode_blocks)
+        every = torch.matmul(q.index_select(0, seg), kb.transpose(1, 2))  # [B, H, bs*KVH]
+        # [B, KVH, G, bs, KVH'] -> the pairs KVH == KVH' -> [B, G, bs, KVH] -> [B, KVH, G, bs]
+        scores = every.view(blocks, kvh, group, bs, kvh).diagonal(dim1=1, dim2=4).permute(0, 3, 1, 2)
+        scores = scores * (1.0 / math.sqrt(dim))
+    else:
+        kb = keys.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+        vb = values.view(-1, bs, kvh, dim).index_select(0, batch.decode_blocks).transpose(1, 2)
+        qb = q.view(n, kvh, group, dim).index_select(0, seg)  # [B, KVH, G, D]
+        scores = torch.matmul(qb, kb.transpose(-1, -2)) * (1.0 / math.sqrt(dim))  # [B, KVH, G, bs]
     empty = batch.decode_block_empty
     if window is not None:
         # a request's blocks are contiguous in the run: its first block is where its segment starts
-        index = torch.arange(seg.shape[0], device=q.device) - torch.searchsorted(seg, seg)
+        index = torch.arange(blocks, device=q.device) - torch.searchsorted(seg, seg)
         slot_pos = index[:, None] * bs + torch.arange(bs, device=q.device)
         q_pos = batch.positions[:n].index_select(0, seg)
         empty = empty | (slot_pos <= (q_pos - window)[:, None])
@@ -83,6 +109,12 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     weights = torch.exp(scores - peak.index_select(0, seg)[..., None])
     total = torch.zeros((n, kvh, group), dtype=scores.dtype, device=q.device).index_add_(
         0, seg, weights.sum(-1))
+    if diagonal:
+        placed = torch.zeros((blocks, kvh, group, bs, kvh), dtype=q.dtype, device=q.device)
+        placed.diagonal(dim1=1, dim2=4).copy_(weights.permute(0, 2, 3, 1))
+        out = torch.matmul(placed.view(blocks, heads, bs * kvh), vb)  # [B, H, D]
+        out = torch.zeros((n, heads, dim), dtype=q.dtype, device=q.device).index_add_(0, seg, out)
+        return out / total.view(n, heads, 1)
     out = torch.matmul(weights, vb)  # [B, KVH, G, D]
     out = torch.zeros((n, kvh, group, dim), dtype=q.dtype, device=q.device).index_add_(0, seg, out)
     return (out / total[..., None]).view(n, heads, dim)

@@ -169,7 +169,6 @@ def _reassign(group: BeamGroup, cache: KVCache, chosen: list[tuple[int, int, flo
         seq.tokens = tokens + [tok]
         seq.log_probs = log_probs + [float(scores[parent, tok])]
         seq.block_table = table
-        seq.extra.pop("slots", None)
     group.cum = [v for _, _, v in chosen]
 
 

@@ -16,7 +16,8 @@ Callbacks (the seed's, with Python types), all called on the worker thread:
 - `send_response(request_id, tensors, final, error)` at the end of an iteration, for each request
   that has something to say: `tensors` maps output names to numpy arrays (output_ids,
   sequence_length, and when asked: cum_log_probs, output_log_probs, context_logits,
-  generation_logits); `error` is "" unless something failed (then `final` is True). When it says
+  generation_logits; a streamed one-token response's arrays are read-only, shared between
+  responses); `error` is "" unless something failed (then `final` is True). When it says
   final, every state of the request is gone (its KV blocks are free) and its id can be used again.
 - `poll_stop_signal() -> set[int]` (optional) at the end of each iteration: requests to stop; each
   gets a final response with what it produced so far (no error).
@@ -65,6 +66,21 @@ ReturnStats = Callable[[str], None]
 OnFailure = Callable[[BaseException], None]
 _ONE = np.ones((1, 1), np.int32)
 _ONE.flags.writeable = False
+# output_ids of a streamed response holding one token, one read-only array per token id (as
+# _ONE): a dictionary look-up instead of building an array per token; bounded, the rest are built
+_TOKEN: dict[int, np.ndarray] = {}
+_TOKEN_CACHE_LIMIT = 1 << 15
+
+
+def _one_token(token: int) -> np.ndarray:
+    """output_ids [1, 1, 1] holding `token`, read-only (shared by every response that sends it)."""
+    ids = _TOKEN.get(token)
+    if ids is None:
+        ids = np.full((1, 1, 1), token, np.int32)
+        ids.flags.writeable = False
+        if len(_TOKEN) < _TOKEN_CACHE_LIMIT:
+            _TOKEN[token] = ids
+    return ids
 
 
 class BatchManager:
@@ -174,7 +190,8 @@ class BatchManager:
 
     def step(self) -> bool:
         """One iteration; False when there was nothing to run."""
-        start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
+        logged = self.step_log is not None  # CPU times (a system call each) only for the log
+        start, cpu_start = time.perf_counter_ns(), time.thread_time_ns() if logged else 0
         room = -1 if self.max_queue_size is None else max(0, self.max_queue_size - len(self.waiting))
         if room:
             for request in self._get(room) or ():
@@ -196,7 +213,7 @@ class BatchManager:
         batch = build_step(plan.decode, plan.context, self.cache.tokens_per_block)
         if self.model.device.type != "cpu":
             batch = batch.to(self.model.device)
-        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns() if logged else 0
         try:
             logits = self.model.forward(batch, self.cache)
         except Exception as exc:
@@ -209,7 +226,7 @@ class BatchManager:
                     self._finish(seq, f"forward pass failed: {type(exc).__name__}: {exc}",
                                  with_outputs=False)
             return True
-        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns() if logged else 0
         generated = self._advance(plan.decode + [s for s, _ in plan.context],
                                   [1] * len(plan.decode) + [n for _, n in plan.context], batch, logits)
         self._apply_stops()
@@ -218,7 +235,7 @@ class BatchManager:
         self.forward_ns += t1 - t0
         self.host_ns += (end - start) - (t1 - t0)
         self.steps += 1
-        if self.step_log is not None:
+        if logged and self.step_log is not None:
             self.step_log.append((start, t1 - t0, len(plan.decode) + len(plan.context),
                                   cpu_start, c1 - c0))
         self._report(plan, batch, end - start, t1 - t0, generated)
@@ -309,29 +326,48 @@ class BatchManager:
         if not sampling:
             return 0
         chosen = logits[torch.tensor(rows, device=logits.device)] if len(rows) != logits.shape[0] else logits
-        plain = [i for i, seq in enumerate(sampling) if seq.request.beam_width == 1]
-        if len(plain) != len(sampling):
-            self._advance_beams(sampling, chosen)
-            if not plain:
-                return len(sampling)
-            sampling = [sampling[i] for i in plain]
-            chosen = chosen[torch.tensor(plain, device=chosen.device)]
+        if self.max_beam_width > 1:  # (beam search needs it: check() refuses the others)
+            plain = [i for i, seq in enumerate(sampling) if seq.request.beam_width == 1]
+            if len(plain) != len(sampling):
+                self._advance_beams(sampling, chosen)
+                if not plain:
+                    return len(sampling)
+                sampling = [sampling[i] for i in plain]
+                chosen = chosen[torch.tensor(plain, device=chosen.device)]
         choice = sample(sampling, chosen)
         now = time.monotonic_ns()
         send, outputs, errors, generation = self._send, self._outputs, choice.errors, Phase.GENERATION
+        m = self.metrics
+        gaps: list[float] = []  # inter-token latencies, observed together after the loop
+        gap, token_ids = gaps.append, _TOKEN
         for i, (seq, token) in enumerate(zip(sampling, choice.tokens)):
             if errors and i in errors:
                 self._finish(seq, f"sampling failed: {errors[i]}", with_outputs=False)
                 continue
             seq.tokens.append(token)
             seq.phase = generation
-            self._timed(seq, now)
-            if seq.plain and seq.request.stop_check is None:  # nothing more to record: answer
+            # _timed, inlined (this loop runs for every request, every step)
+            if seq.first_token_ns:
+                gap((now - seq.last_token_ns) / 1e9)
+            else:
+                seq.first_token_ns = now
+                m.ttft.observe((now - seq.request.arrival_ns) / 1e9)
+            seq.last_token_ns = now
+            if seq.quick:  # plain, no stop_check: nothing more to record, answer
                 r = seq.request
-                if seq.finished():
+                generated = len(seq.tokens) - seq.prompt_len
+                # seq.finished() for a sequence with no stop_check, inlined (one token made)
+                if (generated >= r.max_new_tokens or seq.stopped or token == r.end_id
+                        or token in r.stop_token_ids or (r.stop_words and seq.finished())):
                     self._finish(seq, "")
                 elif r.streaming:
-                    send(r.request_id, outputs(seq), False, "")
+                    if seq.sent == generated - 1 and not r.return_context_logits:
+                        seq.sent = generated  # _outputs' common case (the one new token), inlined
+                        ids = token_ids.get(token)
+                        send(r.request_id, {"output_ids": _one_token(token) if ids is None else ids,
+                                            "sequence_length": _ONE}, False, "")
+                    else:
+                        send(r.request_id, outputs(seq), False, "")
                 continue
             log_prob, top = choice.log_probs[i], choice.top[i]
             if log_prob is not None:
@@ -352,6 +388,9 @@ class BatchManager:
                 self._finish(seq, "")
             elif seq.request.streaming:
                 self._send(seq.request_id, self._outputs(seq), False, "")
+        m.generation_tokens += len(sampling) - len(errors)
+        if gaps:
+            m.inter_token.observe_all(gaps)
         return len(sampling)
 
     def _timed(self, seq: Sequence, now: int) -> None:
@@ -455,7 +494,7 @@ class BatchManager:
                                       or r.return_context_logits):  # the common case, made cheap
                 seq.sent = seq.generated
                 if not r.top_log_probs:
-                    return {"output_ids": np.full((1, 1, 1), ids[0], np.int32), "sequence_length": _ONE}
+                    return {"output_ids": _one_token(ids[0]), "sequence_length": _ONE}
         else:
             first = 0
             ids = seq.tokens[seq.prompt_len:] if r.exclude_input_in_output else seq.tokens

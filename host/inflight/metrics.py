@@ -37,6 +37,15 @@ class Histogram:
         self.total += value
         self.count += 1
 
+    def observe_all(self, values: list[float]) -> None:
+        """observe() each of `values` (one call for a step's tokens)."""
+        counts, buckets, where, total = self.counts, self.buckets, bisect.bisect_left, self.total
+        for value in values:
+            counts[where(buckets, value)] += 1
+            total += value
+        self.total = total
+        self.count += len(values)
+
     def cumulative(self) -> list[tuple[str, int]]:
         """(upper bound, cumulative count) pairs as Prometheus lists them, +Inf last."""
         out, running = [], 0

@@ -7,7 +7,8 @@
     manager.shutdown()
 
 `on_response(request_id, tensors, final, error)` (optional) sees every response as it is sent,
-on the worker thread; `stats` keeps every statistics JSON, parsed.
+on the worker thread; `stats` keeps every statistics JSON, parsed (with `keep_stats` False when
+`start` runs, the manager makes none).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Result:
 class RequestQueue:
     def __init__(self, on_response: Callable[[int, dict, bool, str], None] | None = None,
                  keep_stats: bool = True) -> None:
-        self._lock = threading.Condition()
+        self._mutex = threading.Lock()  # the condition's lock, taken directly where nobody waits
+        self._lock = threading.Condition(self._mutex)
         self._pending: collections.deque[GenerationRequest] = collections.deque()
         self._stops: set[int] = set()
         self.results: dict[int, Result] = {}
@@ -55,10 +57,12 @@ class RequestQueue:
         self.manager: BatchManager | None = None
 
     def start(self, model: Any, **options: Any) -> BatchManager:
+        # without keep_stats nobody reads the statistics: the manager is not asked to make them
         self.manager = BatchManager(model, get_new_requests=self.get_new_requests,
                                     send_response=self.send_response,
                                     poll_stop_signal=self.poll_stop_signal,
-                                    return_stats=self.return_stats, **options)
+                                    return_stats=self.return_stats if self.keep_stats else None,
+                                    **options)
         return self.manager
 
     # --- the client's side -----------------------------------------------------------------------
@@ -87,16 +91,22 @@ class RequestQueue:
             return list(self.results.values())
 
     # --- the callbacks ---------------------------------------------------------------------------
+    # The manager calls these every iteration: an empty queue or stop set is seen without the
+    # lock (one submitted meanwhile is picked up at the next iteration, as it would be anyway).
     def get_new_requests(self, n: int) -> list[GenerationRequest]:
-        with self._lock:
+        if not self._pending:
+            return []
+        with self._mutex:
             count = len(self._pending) if n < 0 else min(n, len(self._pending))
             return [self._pending.popleft() for _ in range(count)]
 
     def send_response(self, request_id: int, tensors: dict, final: bool, error: str) -> None:
         if self.on_response is not None:
             self.on_response(request_id, tensors, final, error)
-        with self._lock:
-            result = self.results.setdefault(request_id, Result(request_id))
+        with self._mutex:
+            result = self.results.get(request_id)
+            if result is None:
+                result = self.results[request_id] = Result(request_id)
             if tensors:
                 result.responses.append(tensors)
             if final:
@@ -105,7 +115,9 @@ class RequestQueue:
                 self._lock.notify_all()
 
     def poll_stop_signal(self) -> set[int]:
-        with self._lock:
+        if not self._stops:
+            return set()
+        with self._mutex:
             stops, self._stops = self._stops, set()
             return stops
 

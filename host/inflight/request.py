@@ -153,7 +153,7 @@ class Sequence:
                  "num_cached", "generator", "log_probs", "context_logits", "generation_logits",
                  "sent", "paused_times", "admitted_at", "reserved_blocks", "extra", "counts",
                  "first_scheduled_ns", "first_token_ns", "last_token_ns", "top", "stopped",
-                 "beam", "plain")
+                 "beam", "plain", "quick")
 
     def __init__(self, request: GenerationRequest) -> None:
         self.request = request
@@ -184,6 +184,7 @@ class Sequence:
         self.plain = (s.greedy and not s.penalized and not s.min_tokens and not request.bad_words
                       and request.logits_post_processor is None and not request.return_log_probs
                       and not request.top_log_probs and not request.return_generation_logits)
+        self.quick = self.plain and request.stop_check is None  # and nothing to check per token
 
     @property
     def request_id(self) -> int:
@@ -203,14 +204,16 @@ class Sequence:
         return len(self.tokens) - self.num_cached
 
     def finished(self) -> bool:
-        if self.generated >= self.request.max_new_tokens or self.stopped:
+        r, tokens = self.request, self.tokens
+        generated = len(tokens) - self.prompt_len
+        if generated >= r.max_new_tokens or self.stopped:
             return True
-        if self.generated == 0:
+        if generated == 0:
             return False
-        r, last = self.request, self.tokens[-1]
+        last = tokens[-1]
         if last == r.end_id or last in r.stop_token_ids:
             return True
         for words in r.stop_words:
-            if len(words) <= self.generated and self.tokens[-len(words):] == words:
+            if len(words) <= generated and tokens[-len(words):] == words:
                 return True
         return False

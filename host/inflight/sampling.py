@@ -65,8 +65,11 @@ def _draw(seq: Sequence, row: torch.Tensor) -> int:
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
+_NUMPY_ARGMAX = (torch.float32, torch.float64)
+
+
 def _argmax(rows: torch.Tensor) -> list[int]:
-    if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64):
+    if rows.is_cpu and rows.dtype in _NUMPY_ARGMAX:  # (is_cpu: no device object made)
         return rows.numpy().argmax(-1).tolist()  # numpy's is several times faster on the CPU
     return rows.argmax(-1).tolist()
 

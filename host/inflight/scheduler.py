@@ -99,13 +99,30 @@ class Scheduler:
         work: list[tuple[Sequence, int]] = []
         # generation first (one token each: the beams of a request always step together), then
         # the contexts in admission order with what the budget leaves
-        for seq in sorted(active, key=lambda s: s.phase is not Phase.GENERATION):
+        generation = Phase.GENERATION
+        decode: list[Sequence] = []  # the sequences of the generation work, in its order
+        contexts = []
+        bs = cache.tokens_per_block
+        need = 0  # new blocks for the work (inlined: this loop runs for every request, every step)
+        for seq in active:
+            if seq.phase is not generation:
+                contexts.append(seq)
+                continue
+            n = len(seq.tokens) - seq.num_cached
+            if n > budget:
+                n = self._chunk(seq, budget)
+            if n:
+                work.append((seq, n))
+                decode.append(seq)
+                budget -= n
+                need += max(0, -(-(seq.num_cached + n) // bs) - len(seq.block_table))
+        for seq in contexts:
             n = self._chunk(seq, budget)
             if n:
                 work.append((seq, n))
                 budget -= n
+                need += self._new_blocks(seq, n)
         plan = Plan()
-        need = sum(self._new_blocks(seq, n) for seq, n in work)
         while need > cache.num_free:
             if cfg.policy is not CapacityPolicy.MAX_UTILIZATION:
                 raise RuntimeError(f"KV cache exhausted under {cfg.policy.value}: "
@@ -126,15 +143,21 @@ class Scheduler:
             waiting.appendleft(victim)
             plan.paused.append(victim)
             need = sum(self._new_blocks(seq, n) for seq, n in work)
-        for seq, n in work:
-            self._grow(seq, n)
-            self.register_blocks(seq, seq.num_cached + n)
+        if need:
+            for seq, n in work:
+                self._grow(seq, n)
+        if cache.enable_block_reuse:
+            for seq, n in work:
+                self.register_blocks(seq, seq.num_cached + n)
 
         static = cfg.policy is CapacityPolicy.STATIC_BATCH or cfg.batching is BatchingScheme.V1
         guaranteed = cfg.policy is not CapacityPolicy.MAX_UTILIZATION or cfg.batching is BatchingScheme.V1
-        admit = not plan.paused and not (static and batch_was_running)
-        reserved = sum(s.reserved_blocks for s in active)
-        beam_reserved = sum(s.reserved_blocks for s in active if s.request.beam_width > 1)
+        admit = (not plan.paused and not (static and batch_was_running) and bool(waiting)
+                 and len(active) < cfg.max_batch_size and budget > 0)
+        reserved = beam_reserved = 0
+        if admit:  # (summed only when someone can be admitted: most iterations admit nobody)
+            reserved = sum(s.reserved_blocks for s in active)
+            beam_reserved = sum(s.reserved_blocks for s in active if s.request.beam_width > 1)
         while admit and waiting and len(active) < cfg.max_batch_size and budget > 0:
             seq = waiting[0]
             worst = self.worst_case_blocks(seq)
@@ -169,11 +192,10 @@ class Scheduler:
             work.append((seq, n))
             budget -= n
 
-        for seq, n in work:
-            if seq.phase is Phase.GENERATION:
-                plan.decode.append(seq)
-            else:
-                plan.context.append((seq, n))
+        if plan.paused:  # (a paused sequence is WAITING now, and out of the work)
+            decode = [seq for seq in decode if seq.phase is generation]
+        # the work is the generation requests' first, then the contexts and the admitted
+        plan.decode, plan.context = decode, work[len(decode):]
         return plan
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
@@ -217,4 +239,3 @@ class Scheduler:
         self.cache.release(seq.block_table)
         seq.block_table, seq.block_hashes, seq.num_cached = [], [], 0
         seq.reserved_blocks = 0
-        seq.extra.pop("slots", None)

@@ -15,9 +15,9 @@ import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+if TYPE_CHECKING:
     from host.inflight.request import Sequence
 
 
@@ -60,52 +60,63 @@ class StepBatch:
                          contexts=contexts, logits_rows=self.logits_rows, **moved)
 
 
-def _slot_table(seq: Sequence, tokens_per_block: int) -> torch.Tensor:
-    """All slots of the sequence's blocks in order; cached until its block table changes."""
-    import torch
-
-    cached = seq.extra.get("slots")
-    if cached is None or seq.extra.get("slots_blocks") != len(seq.block_table):
-        blocks = torch.tensor(seq.block_table, dtype=torch.int64)
-        cached = (blocks[:, None] * tokens_per_block
-                  + torch.arange(tokens_per_block, dtype=torch.int64)).reshape(-1)
-        seq.extra["slots"], seq.extra["slots_blocks"] = cached, len(seq.block_table)
-    return cached
+def _kv_slots(table: list[int], count: int, tokens_per_block: int) -> list[int]:
+    """The slots of a sequence's first `count` tokens, in order, from its block table."""
+    bs = tokens_per_block
+    out: list[int] = []
+    for block in table[:-(-count // bs)]:
+        out.extend(range(block * bs, block * bs + bs))
+    del out[count:]
+    return out
 
 
-_OFFSETS: dict[int, torch.Tensor] = {}
+_EMPTY_BYTES: dict[int, tuple[bytes, list[bytes]]] = {}
 
 
-def _offsets(tokens_per_block: int) -> torch.Tensor:
-    """arange(tokens_per_block), made once per block size."""
-    t = _OFFSETS.get(tokens_per_block)
-    if t is None:
-        import torch
+def _empty_bytes(tokens_per_block: int) -> tuple[bytes, list[bytes]]:
+    """The rows of `decode_block_empty` as bytes (bool 0/1), made once per block size: a full
+    block's (no empty slot), and per fill f (1..tokens_per_block) a last block's holding f tokens."""
+    rows = _EMPTY_BYTES.get(tokens_per_block)
+    if rows is None:
+        bs = tokens_per_block
+        rows = _EMPTY_BYTES[bs] = (bytes(bs), [bytes(int(j >= f) for j in range(bs))
+                                               for f in range(bs + 1)])
+    return rows
 
-        t = _OFFSETS[tokens_per_block] = torch.arange(tokens_per_block)
-    return t
+
+_DECODE_ROWS: list[tuple[int, int]] = [(i, 1) for i in range(256)]
+
+
+def _decode_rows(n: int) -> list[tuple[int, int]]:
+    """[(0, 1), (1, 1), ... (n-1, 1)]: the logits rows of n decode tokens (a slice of a list made
+    once; a larger one replaces it, whole, so threads of other managers never see it half made)."""
+    global _DECODE_ROWS
+    rows = _DECODE_ROWS
+    if len(rows) < n:
+        rows = _DECODE_ROWS = [(i, 1) for i in range(2 * n)]
+    return rows[:n]
 
 
 def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
                tokens_per_block: int) -> StepBatch:
     """Pack one iteration: `decode` sequences compute their last token; each `(seq, n)` of
     `context` computes its next `n` uncached tokens. Block tables must already cover them."""
-    import torch
-
     ids: list[int] = []
     pos: list[int] = []
-    slot_parts = []
-    dec_write: list[int] = []
+    writes: list[int] = []
     dec_blocks: list[int] = []
     dec_segment: list[int] = []
-    dec_fill: list[int] = []
     logits_index: list[int] = []
     logits_rows: list[tuple[int, int]] = []
     bs = tokens_per_block
+    # the empty-slot mask is made as bytes here (a full block's row, then the last block's),
+    # not by tensor operations: each torch or numpy call costs tens of microseconds right after
+    # a forward pass (its code and data are out of the CPU's caches by then)
+    full_row, last_rows = _empty_bytes(bs)
+    empty = bytearray()
     # the hot loop of the host path: bound methods, one divmod per request
-    add_id, add_pos, add_write = ids.append, pos.append, dec_write.append
-    add_blocks, add_segment, add_fills, add_fill = (dec_blocks.extend, dec_segment.extend,
-                                                    dec_fill.extend, dec_fill.append)
+    add_id, add_pos, add_write = ids.append, pos.append, writes.append
+    add_blocks, add_segment = dec_blocks.extend, dec_segment.extend
     for i, seq in enumerate(decode):
         n = seq.num_cached
         table = seq.block_table
@@ -115,24 +126,30 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         add_write(table[full] * bs + offset)
         add_blocks(table[:full + 1])
         add_segment([i] * (full + 1))
-        add_fills([bs] * full)
-        add_fill(offset + 1)
+        empty += full_row * full
+        empty += last_rows[offset + 1]
     logits_index.extend(range(len(decode)))
-    logits_rows.extend((i, 1) for i in range(len(decode)))
-    contexts = []
+    logits_rows.extend(_decode_rows(len(decode)))
+    # contexts: their new tokens' slots follow the decode tokens' (one `slots` section), and the
+    # slots of each context's tokens so far (its keys for attention) are sections of the same
+    # buffer, so the whole batch is one tensor split in views
+    chunks = []
+    kv_parts: list[int] = []
+    kv_sizes: list[int] = []
     row = len(decode)
     for seq, n in context:
         start = seq.num_cached
         ids.extend(seq.tokens[start:start + n])
         pos.extend(range(start, start + n))
-        table = _slot_table(seq, tokens_per_block)
-        kv = table[:start + n]
-        slot_parts.append(kv[start:])
+        kv = _kv_slots(seq.block_table, start + n, bs)
+        writes.extend(kv[start:])
+        kv_parts.extend(kv)
+        kv_sizes.append(start + n)
         mask = None
         if start:
             q_pos = torch.arange(start, start + n)
             mask = torch.arange(start + n)[None, :] <= q_pos[:, None]
-        contexts.append(ContextChunk(row, n, start, kv, mask))
+        chunks.append((row, n, start, mask))
         done = start + n == len(seq.tokens)
         if seq.request.return_context_logits and start < seq.prompt_len:
             first = len(logits_index)  # every prompt row of the chunk (and the last, to sample)
@@ -145,13 +162,14 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
             logits_rows.append((len(logits_index), 0))
         row += n
     # one tensor for every integer list (a tensor per list costs more than the packing)
-    sizes = [len(ids), len(pos), len(dec_write), len(dec_blocks), len(dec_segment), len(dec_fill),
-             len(logits_index)]
+    sizes = [len(ids), len(pos), len(writes), len(dec_blocks), len(dec_segment), len(logits_index),
+             *kv_sizes]
     flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
-        array.array("q", ids + pos + dec_write + dec_blocks + dec_segment + dec_fill + logits_index),
+        array.array("q", ids + pos + writes + dec_blocks + dec_segment + logits_index + kv_parts),
         dtype=torch.int64)
-    input_ids, positions, writes, blocks, segment, fill, logits_at = torch.split(flat, sizes)
-    slots = torch.cat([writes] + slot_parts) if slot_parts else writes
+    input_ids, positions, slots, blocks, segment, logits_at, *kv_slots = flat.split_with_sizes(sizes)
+    contexts = [ContextChunk(at, n, start, kv, mask)
+                for (at, n, start, mask), kv in zip(chunks, kv_slots)]
     return StepBatch(
         input_ids=input_ids,
         positions=positions,
@@ -160,7 +178,8 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         num_decode=len(decode),
         decode_blocks=blocks,
         decode_block_segment=segment,
-        decode_block_empty=_offsets(tokens_per_block) >= fill[:, None],
+        decode_block_empty=(torch.frombuffer(empty, dtype=torch.bool).view(-1, bs) if empty
+                            else torch.zeros((0, bs), dtype=torch.bool)),
         contexts=contexts,
         logits_index=logits_at,
         logits_rows=logits_rows,

@@ -216,7 +216,7 @@ class InflightModel(Model):
         self._requests: dict[int, InferenceRequest] = {}  # manager id -> host request
         self._texts: dict[int, TextState] = {}
         self._ids = itertools.count(1)
-        self.stats: dict[str, Any] = {}
+        self._stats_text = ""  # the latest statistics JSON, parsed when metrics are read
         self.manager: BatchManager = BatchManager(
             self.decoder, get_new_requests=self._get_new_requests, send_response=self._send_response,
             poll_stop_signal=self._poll_stop_signal, return_stats=self._return_stats,
@@ -272,6 +272,8 @@ class InflightModel(Model):
 
     # --- the manager's callbacks (its worker thread) ---------------------------------------------
     def _get_new_requests(self, n: int) -> list[GenerationRequest]:
+        if not self._queue:  # every iteration asks: an empty queue is seen without the lock
+            return []
         with self._lock:
             count = len(self._queue) if n < 0 else min(n, len(self._queue))
             taken, self._queue = self._queue[:count], self._queue[count:]
@@ -350,9 +352,15 @@ class InflightModel(Model):
             return [rid for rid, r in self._requests.items() if r.cancelled]
 
     def _return_stats(self, text: str) -> None:
+        self._stats_text = text  # every iteration: kept as it is, parsed only when read
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The batch manager's latest statistics (the last iteration's), {} before the first."""
         import json
 
-        self.stats = json.loads(text)
+        text = self._stats_text
+        return json.loads(text) if text else {}
 
 
 class InflightInstance(Instance):
