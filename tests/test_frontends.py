@@ -84,6 +84,22 @@ class TritonPythonModel:
 """
 
 
+# Two steps of the identity: an ensemble's request runs in the engine like any other.
+PIPE_CONFIG = """
+name: "pipe"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "identity" model_version: -1
+    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "mid" } },
+  { model_name: "identity" model_version: -1
+    input_map { key: "INPUT0" value: "mid" } output_map { key: "OUTPUT0" value: "Y" } }
+] }
+"""
+
+
 def write_repo(root: Path) -> Path:
     repo = root / "repo"
     for name, config, model in (("identity", IDENTITY_CONFIG, IDENTITY_MODEL),
@@ -91,6 +107,8 @@ def write_repo(root: Path) -> Path:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
         (repo / name / "1" / "model.py").write_text(model)
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(PIPE_CONFIG)
     return repo
 
 
@@ -353,3 +371,42 @@ def test_generate_and_settings_through_front_ends(server):
     with http(server) as c:
         c.update_trace_settings("identity", {"trace_rate": "7"})
     assert {http(server).get_trace_settings("identity")["trace_rate"] for _ in range(6)} == {"7"}
+
+
+def test_ensemble_through_front_ends(server):
+    x = np.array([1.5, -0.0, 3.0], np.float32)
+    for _ in range(4):  # fresh connections: several front ends
+        i = httpclient.InferInput("X", [3], "FP32")
+        i.set_data_from_numpy(x)
+        with http(server) as c:
+            assert c.infer("pipe", [i]).as_numpy("Y").tolist() == x.tolist()
+        g = grpcclient.InferInput("X", [3], "FP32")
+        g.set_data_from_numpy(x)
+        with grpc(server) as c:
+            assert c.infer("pipe", [g]).as_numpy("Y").tolist() == x.tolist()
+
+
+def test_a_sequence_spread_over_front_ends_keeps_its_state(tmp_path):
+    # Each request of the sequence on a new connection, so on any front end: the sequence
+    # batcher is the engine's, one for all of them.
+    repo = tmp_path / "repo"
+    example = Path(__file__).resolve().parent.parent / "model_repository" / "sequence_accumulator"
+    import shutil
+
+    shutil.copytree(example, repo / "sequence_accumulator")
+    with serve(repo, "--frontend-processes", "2") as s:
+        totals = []
+        for k, value in enumerate([3, 4, 5, 6]):
+            i = httpclient.InferInput("INPUT", [1, 1], "INT32")
+            i.set_data_from_numpy(np.array([[value]], np.int32))
+            with http(s) as c:
+                r = c.infer("sequence_accumulator", [i], sequence_id=42, sequence_start=k == 0,
+                            sequence_end=k == 3)
+            totals.append(int(r.as_numpy("OUTPUT").reshape(-1)[0]))
+        assert totals == [3, 7, 12, 18]
+        with pytest.raises(InferenceServerException) as err:  # Triton's text, from the engine
+            i = httpclient.InferInput("INPUT", [1, 1], "INT32")
+            i.set_data_from_numpy(np.array([[1]], np.int32))
+            with http(s) as c:
+                c.infer("sequence_accumulator", [i], sequence_id=42)
+        assert "inference request for sequence 42" in str(err.value)

@@ -190,7 +190,7 @@ class FrontEndConnection:
             return True  # answered at once with the error
         if mv.decoupled:
             return False
-        return mv.scheduler is not None and (mv.scheduler.queues or not mv.wide_execute)
+        return mv.scheduler is not None and (getattr(mv.scheduler, "queues", False) or not mv.wide_execute)
 
     def _track(self, key: int, request: Any) -> None:
         with self.lock:
