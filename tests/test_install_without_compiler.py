@@ -24,7 +24,7 @@ def _no_isolation() -> list[str]:
         import wheel  # noqa: F401
     except ImportError:
         return []
-    return ["--no-build-isolation"] if int(setuptools.__version__.split(".")[0]) >= 68 else []
+    return ["--no-build-isolation"] if int(setuptools.__version__.split(".")[0]) >= 77 else []
 
 
 def test_wheel_builds_without_a_compiler(tmp_path):
