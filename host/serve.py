@@ -31,6 +31,12 @@ class _GracefulArbiter(Arbiter):
     def handle_int(self) -> None:
         self.handle_term()
 
+    def reap_workers(self) -> None:
+        engine = getattr(self.app, "engine", None)  # --frontend-processes: our other child
+        if engine is not None:
+            engine.check()
+        super().reap_workers()
+
     def halt(self, reason: str | None = None, exit_status: int = 0) -> None:
         # A worker that failed to boot has already said why in one line (host.startup): stop
         # without gunicorn's "Shutting down / Reason: Worker failed to boot" and exit 1.
@@ -199,12 +205,10 @@ class ServerApplication(BaseApplication):
         o = self.options
         affinity.configure((slot_cpu(self.slot) or "auto") if o.python_cpu == "auto" else o.python_cpu)
         try:
-            self.host = RemoteHost(o, self.engine.path, self.engine.pid)  # waits for the engine
+            self.host = RemoteHost(o, self.engine.path, self.engine.pid_path)  # waits for the engine
         except UnavailableError:
-            # The engine failed to start (it said why), or died: the master stops on this exit
-            # status. Its socket exists once it was ready, so a death is worth a line.
-            if os.path.exists(self.engine.path):
-                log.critical("the engine process of this server died; the server stops")
+            # The engine failed to start (it said why, and is not started again): the master
+            # stops on this exit status.
             logs.flush()
             os._exit(Arbiter.WORKER_BOOT_ERROR)
         app = create_app(self.host, max_input_size=o.http_max_input_size,

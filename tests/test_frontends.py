@@ -314,13 +314,43 @@ def test_sigterm_lets_requests_in_flight_finish(tmp_path):
         assert s.process.wait(30) == 0
 
 
-def test_engine_death_stops_the_server(tmp_path):
+def test_an_engine_that_dies_comes_back_with_its_models_and_registrations(tmp_path):
     repo = write_repo(tmp_path)
-    s = ServerProcess(repo, "--frontend-processes", "2")
+    key = f"/fe_engine_{os.getpid()}"
+    handle = shm.create_shared_memory_region("fe_engine", key, 64)
+    try:
+        with serve(repo, "--frontend-processes", "2", "--allow-client-shm",
+                   "--model-control-mode", "explicit", "--load-model", "identity") as s:
+            with http(s) as c:
+                c.load_model("repeat")  # through the API: the journal keeps it
+                c.register_system_shared_memory("fe_engine", key, 64)
+            old = engine_of(s)
+            os.kill(old, signal.SIGKILL)
+
+            def serving_again() -> bool:
+                try:
+                    return engine_of(s) != old and infer_http(s, [2, 3]).tolist() == [2, 3]
+                except Exception:  # noqa: BLE001 - while it restarts, any failure means "not yet"
+                    return False
+
+            wait_until(serving_again, timeout=60)
+            assert s.running()
+            assert http(s).is_model_ready("repeat")
+            assert [r["name"] for r in http(s).get_system_shared_memory_status()] == ["fe_engine"]
+            assert "the engine process died; restarting it" in s.log_text()
+            with http(s) as c:
+                c.unregister_system_shared_memory("fe_engine")
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_an_engine_crash_loop_stops_the_server(tmp_path):
+    repo = write_repo(tmp_path)
+    s = ServerProcess(repo, "--frontend-processes", "2", env={"MODELHOST_WORKER_CRASH_LIMIT": "0"})
     with s:
         os.kill(engine_of(s), signal.SIGKILL)
         assert s.process.wait(30) == 1
-        assert "the engine process of this server died; the server stops" in s.log_text()
+        assert "the engine process crashed 1 times within 60 s; not restarting it again" in s.log_text()
 
 
 def test_start_up_failures_are_one_line(tmp_path):

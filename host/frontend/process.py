@@ -18,6 +18,7 @@ import signal
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from host import logs, startup
@@ -30,9 +31,17 @@ class EngineProcess:
     """The master's handle on the engine."""
 
     def __init__(self, options: ServerOptions) -> None:
+        self.options = options
         self.folder = tempfile.mkdtemp(prefix="modelhost-engine-")  # 0700: only our user connects
-        self.path = os.path.join(self.folder, "engine.sock")
+        self.path = os.path.join(self.folder, "engine.sock")  # exists once the engine is ready
+        self.pid_path = os.path.join(self.folder, "engine.pid")  # the engine now: front ends read it
+        self.journal_path = os.path.join(self.folder, "journal.json")  # what a new engine restores
         self.master = os.getpid()
+        self.stopping = False
+        self._crashes: list[float] = []
+        self._start()
+
+    def _start(self) -> None:
         # The engine stops when this pipe has something to read (a byte, or its end when the
         # master is gone), never on a signal: SIGTERM or SIGINT sent to the whole process group
         # (a terminal's Ctrl-C, systemd) must leave it serving until the front ends drained.
@@ -40,9 +49,39 @@ class EngineProcess:
         pid = os.fork()
         if pid == 0:
             os.close(self.stop_fd)
-            _engine_main(options, self.path, self.master, stop_read)  # never returns
+            _engine_main(self.options, self.path, self.master, stop_read, self.journal_path)
         os.close(stop_read)
         self.pid = pid
+        tmp = self.pid_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(pid))
+        os.replace(tmp, self.pid_path)
+
+    def check(self) -> None:
+        """In the master, when a child ended: an engine that died while serving is started
+        again, with the models loaded through the API and the clients' shared-memory
+        registrations (host.supervise's journal); one that died while starting is not (it said
+        why, and the front ends stop the server); a crash loop stops the server."""
+        if self.stopping or os.getpid() != self.master or _exists(self.pid):
+            return
+        if not os.path.exists(self.path):
+            return
+        from gunicorn.errors import HaltServer
+
+        from host.supervise import CRASH_LIMIT, CRASH_WINDOW
+
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW] + [now]
+        if len(self._crashes) > CRASH_LIMIT:
+            message = (f"the engine process crashed {len(self._crashes)} times within "
+                       f"{CRASH_WINDOW:.0f} s; not restarting it again")
+            log.critical(message)
+            raise HaltServer(message, 1)
+        log.error("the engine process died; restarting it with its models and shared-memory "
+                  "registrations")
+        os.unlink(self.path)
+        os.close(self.stop_fd)
+        self._start()
 
     def forget(self) -> None:
         """In a front end after the fork: the master alone holds the engine's stop pipe."""
@@ -50,6 +89,7 @@ class EngineProcess:
 
     def stop(self, timeout: float) -> None:
         """After the front ends are gone: the engine finishes what it has and unloads."""
+        self.stopping = True
         try:
             os.write(self.stop_fd, b"x")
             os.close(self.stop_fd)
@@ -101,20 +141,39 @@ def _name_process(name: str) -> None:
         pass
 
 
-def _engine_main(options: ServerOptions, path: str, master: int, stop_fd: int) -> None:
+def _engine_main(options: ServerOptions, path: str, master: int, stop_fd: int,
+                 journal_path: str) -> None:
     # Signals to the process group are for the master: it stops the front ends first and then
     # this process (the stop pipe), so that requests in flight finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A restarted engine is forked from the running master: none of gunicorn's signal handlers
+    # may run here (its SIGCHLD handler would reap this process's own children as workers).
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGTTIN,
+                signal.SIGTTOU):
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGCHLD, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     _name_process(ENGINE_NAME)
     code = 0
     host = metrics = link = None
     try:
         from host.core import Host
         from host.frontend.engine import EngineLink
+        from host.supervise import Journal, restore
 
-        host = Host(replace(options, python_cpu=engine_cpu(options)))
+        journal = Journal(Path(journal_path))
+        journal.read()  # a previous engine's, when this one replaces it
+        explicit = options.model_control_mode == "explicit"
+        opts = replace(options, python_cpu=engine_cpu(options))
+        if journal.restored and explicit:
+            opts = replace(opts, load_models=[])  # the journal knows what was loaded
+        host = Host(opts)
         host.start()
+        if not journal.restored and explicit:
+            for mv in host.manager.loaded():
+                journal.models.setdefault(mv.name, None)
+        restore(host, journal)
         if options.allow_metrics:
             from host.metrics import start_metrics_server
 
@@ -145,6 +204,8 @@ def _engine_main(options: ServerOptions, path: str, master: int, stop_fd: int) -
             if code == 0:
                 log.info("stopping: waiting for in-flight requests, then unloading models")
             host.stop()
+        if os.getppid() != master:  # the master died without cleaning up: its folder is ours
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         logs.flush()
         os._exit(code)
 

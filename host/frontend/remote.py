@@ -30,18 +30,29 @@ LOG_SYNC_S = 1.0  # how often the engine's log settings are taken over
 _LOG_KEYS = ("log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
 
 
-def connect(path: str, engine_pid: int, wait: bool = True) -> socket.socket:
-    """A connection to the engine; while it starts (loads its models), wait for it."""
+def connect(path: str, pid_path: str) -> tuple[socket.socket, int]:
+    """A connection to the engine, and its process id; while it starts (loads its models),
+    wait for it."""
     while True:
+        pid = engine_pid(pid_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
-            return sock
+            return sock, pid
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
-            if not wait or not engine_alive(engine_pid):
+            if not engine_alive(pid) and engine_pid(pid_path) == pid:
                 raise UnavailableError(ENGINE_GONE) from None
             time.sleep(0.05)
+
+
+def engine_pid(pid_path: str) -> int:
+    """The engine the master started last (host.frontend.process writes it)."""
+    try:
+        with open(pid_path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
 
 
 def engine_alive(pid: int) -> bool:
@@ -91,10 +102,9 @@ class _Pending:
 class RemoteHost:
     """What the front ends need of a Host, done by the engine process over one connection."""
 
-    def __init__(self, options: ServerOptions, path: str, engine_pid: int) -> None:
+    def __init__(self, options: ServerOptions, path: str, pid_path: str) -> None:
         self.options = options
         self.path = path
-        self.engine_pid = engine_pid
         self.shm = _Shm(self)
         otel = getattr(options.trace, "mode", "") == "opentelemetry"
         self.http_header_forwarder = headers.forwarder(options.http_header_forward_pattern, otel)
@@ -104,7 +114,7 @@ class RemoteHost:
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._sock = connect(path, engine_pid)  # waits while the engine starts
+        self._sock, self.engine_pid = connect(path, pid_path)  # waits while the engine starts
         self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
         self._reader.start()
