@@ -20,7 +20,7 @@ from host.ensemble import EnsembleRuntime
 from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
                          InvalidArgumentError, UnavailableError, error_for, poll_failure)
 from host.latency import parse_metrics_config
-from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
+from host.inference import InferenceRequest, InferenceResponse, ResponseCallback, drain
 from host.manager import ModelManager
 from host.model import ModelVersion
 from host.native import backend as native_backend
@@ -235,19 +235,7 @@ class Host:
             request.respond(hit, True)  # from the response cache: nothing is scheduled
         else:
             self._stream_pool.submit(stages.schedule, request)
-        return self._drain(request, responses)
-
-    @staticmethod
-    def _drain(request: InferenceRequest, responses: queue.SimpleQueue) -> Iterator[InferenceResponse]:
-        finished = False
-        try:
-            while not finished:
-                response, finished = responses.get()
-                if response is not None:
-                    yield response
-        finally:
-            if not finished:
-                request.cancel()
+        return drain(request, responses)
 
     def submit(self, request: InferenceRequest, callback: ResponseCallback) -> None:
         """Validate and schedule; `callback(response | None, final)` gets every response."""

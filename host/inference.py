@@ -7,7 +7,7 @@ the schedulers and the backends see nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from host.errors import HostError
@@ -115,6 +115,20 @@ class InferenceRequest:
         """Send one response for this request (the sender API backends use)."""
         assert self.callback is not None, "request was not submitted through the host"
         self.callback(response, final)
+
+
+def drain(request: InferenceRequest, responses: Any) -> Iterator[InferenceResponse]:
+    """Yield the responses a callback put on `responses` (a queue of (response, final)) until
+    the final one; a caller that stops early cancels the request."""
+    finished = False
+    try:
+        while not finished:
+            response, finished = responses.get()
+            if response is not None:
+                yield response
+    finally:
+        if not finished:
+            request.cancel()
 
 
 @dataclass

@@ -159,21 +159,12 @@ class ServerApplication(BaseApplication):
             for mv in self.host.manager.loaded():
                 journal.models.setdefault(mv.name, None)
         restore(self.host, journal)
-        from host import restricted, tls
+        from host import restricted
 
         app = create_app(self.host, max_input_size=o.http_max_input_size,
                          restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
-            from host.grpc.server import start_grpc_server
-
-            try:
-                self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
-                                              compression_level=o.grpc_compression_level,
-                                              restrictions=restricted.grpc(o.grpc_restricted_protocol),
-                                              credentials=tls.grpc_credentials(o))
-            except OSError as exc:
-                raise startup.StartupError(startup.port_error(
-                    "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None
+            self._start_grpc(share_port=False)
             log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         if o.allow_metrics:
             from host.metrics import start_metrics_server
@@ -197,7 +188,7 @@ class ServerApplication(BaseApplication):
 
     def _load_front_end(self):
         """A front-end worker: HTTP and gRPC over the engine's Host (host.frontend)."""
-        from host import affinity, restricted, tls
+        from host import affinity, restricted
         from host.errors import UnavailableError
         from host.frontend.remote import RemoteHost, slot_cpu
         from host.http.app import create_app
@@ -214,22 +205,28 @@ class ServerApplication(BaseApplication):
         app = create_app(self.host, max_input_size=o.http_max_input_size,
                          restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
-            from host.grpc.server import start_grpc_server
-
-            try:
-                self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
-                                              compression_level=o.grpc_compression_level,
-                                              restrictions=restricted.grpc(o.grpc_restricted_protocol),
-                                              credentials=tls.grpc_credentials(o), share_port=True)
-            except OSError as exc:
-                raise startup.StartupError(startup.port_error(
-                    "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None
+            self._start_grpc(share_port=True)
         if o.log_verbose:
             app = logs.RequestLog(app)
         gc.collect()
         gc.freeze()
         gc.set_threshold(20_000, 50, 50)
         return app
+
+    def _start_grpc(self, share_port: bool) -> None:
+        """The gRPC front end; front-end processes share its port (host.frontend)."""
+        from host import restricted, tls
+        from host.grpc.server import start_grpc_server
+
+        o = self.options
+        try:
+            self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
+                                          compression_level=o.grpc_compression_level,
+                                          restrictions=restricted.grpc(o.grpc_restricted_protocol),
+                                          credentials=tls.grpc_credentials(o), share_port=share_port)
+        except OSError as exc:
+            raise startup.StartupError(startup.port_error(
+                "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None
 
     def _assign_slot(self, server: Any, worker: Any) -> None:
         used = {getattr(w, "modelhost_slot", -1) for w in server.WORKERS.values()}

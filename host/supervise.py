@@ -174,6 +174,12 @@ class Journal:
         os.replace(tmp, self.path)  # a crash never leaves half a journal
 
 
+def crashed(crashes: list[float]) -> list[float]:
+    """The crash times within CRASH_WINDOW, a new one added: more than CRASH_LIMIT is a loop."""
+    now = time.monotonic()
+    return [t for t in crashes if now - t < CRASH_WINDOW] + [now]
+
+
 class Supervisor:
     """Made in the master before the fork; its hooks go into gunicorn's settings."""
 
@@ -205,8 +211,7 @@ class Supervisor:
             raise HaltServer(message, 1)
         doing = board.activities()
         running = ", ".join(doing) if doing else "executing no model"
-        now = time.monotonic()
-        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW] + [now]
+        self._crashes = crashed(self._crashes)
         if len(self._crashes) > CRASH_LIMIT:
             message = (f"the worker process crashed {len(self._crashes)} times within "
                        f"{CRASH_WINDOW:.0f} s, the last time {running}; not restarting it again")

@@ -68,10 +68,9 @@ class EngineProcess:
             return
         from gunicorn.errors import HaltServer
 
-        from host.supervise import CRASH_LIMIT, CRASH_WINDOW
+        from host.supervise import CRASH_LIMIT, CRASH_WINDOW, crashed
 
-        now = time.monotonic()
-        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW] + [now]
+        self._crashes = crashed(self._crashes)
         if len(self._crashes) > CRASH_LIMIT:
             message = (f"the engine process crashed {len(self._crashes)} times within "
                        f"{CRASH_WINDOW:.0f} s; not restarting it again")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from host import affinity, headers, logsettings
 from host.errors import CancelledError, HostError, UnavailableError
 from host.frontend import wire
-from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
+from host.inference import InferenceRequest, InferenceResponse, ResponseCallback, drain
 from host.options import ServerOptions
 
 log = logging.getLogger(__name__)
@@ -212,19 +212,7 @@ class RemoteHost:
     def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
         responses: queue.SimpleQueue = queue.SimpleQueue()
         self._start("t", request, lambda r, final: responses.put((r, final)))
-        return self._drain(request, responses)
-
-    @staticmethod
-    def _drain(request: InferenceRequest, responses: queue.SimpleQueue) -> Iterator[InferenceResponse]:
-        finished = False
-        try:
-            while not finished:
-                response, finished = responses.get()
-                if response is not None:
-                    yield response
-        finally:
-            if not finished:
-                request.cancel()  # the watcher tells the engine
+        return drain(request, responses)  # a cancel reaches the engine through the watcher
 
     def _start(self, op: str, request: InferenceRequest, callback: ResponseCallback) -> None:
         def answered(message: tuple) -> None:  # (response, final)
