@@ -7,7 +7,6 @@ both stop gracefully: in-flight requests finish, then every model is finalized.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from gunicorn.glogging import Logger as GunicornLogger
 
 from host import logs, startup
 from host.options import ServerOptions
-from host.supervise import Supervisor, restore
+from host.supervise import Supervisor, start_host
 
 log = logging.getLogger(__name__)
 
@@ -146,55 +145,34 @@ class ServerApplication(BaseApplication):
     def _load(self):
         if self.engine is not None:
             return self._load_front_end()
-        from host.core import Host
+        from host import restricted
         from host.http.app import create_app
 
         o = self.options
-        journal = self.supervisor.worker_started()
-        if journal.restored and o.model_control_mode == "explicit":
-            o.load_models = []  # the journal knows what the crashed worker had loaded
-        self.host = Host(o)
-        self.host.start()
-        if not journal.restored and o.model_control_mode == "explicit":
-            for mv in self.host.manager.loaded():
-                journal.models.setdefault(mv.name, None)
-        restore(self.host, journal)
-        from host import restricted
+        self.host = start_host(o, self.supervisor.worker_started())
 
         app = create_app(self.host, max_input_size=o.http_max_input_size,
                          restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
             self._start_grpc(share_port=False)
             log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
-        if o.allow_metrics:
-            from host.metrics import start_metrics_server
-
-            try:
-                self.metrics = start_metrics_server(self.host, o.metrics_address, o.metrics_port)
-            except OSError as exc:
-                raise startup.StartupError(startup.port_error(
-                    "metrics", o.metrics_address, o.metrics_port, "--metrics-port", exc)) from None
-            log.info("started metrics service at %s:%d", o.metrics_address, self.metrics.port)
+        self.metrics = startup.start_metrics(self.host, o)
         startup.log_summary(self.host, startup.listening_rows(o, self.grpc, self.metrics))
         if o.log_verbose:
             app = logs.RequestLog(app)
-        # What exists now (models, plugins) lives as long as the server: keep it out of the
-        # collector's way, and let the young generation grow before collecting it, since a
-        # request's own objects are freed by reference counting anyway.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(20_000, 50, 50)
+        startup.settle()
         return app
 
     def _load_front_end(self):
         """A front-end worker: HTTP and gRPC over the engine's Host (host.frontend)."""
         from host import affinity, restricted
         from host.errors import UnavailableError
-        from host.frontend.remote import RemoteHost, slot_cpu
+        from host.frontend.process import python_cpu
+        from host.frontend.remote import RemoteHost
         from host.http.app import create_app
 
         o = self.options
-        affinity.configure((slot_cpu(self.slot) or "auto") if o.python_cpu == "auto" else o.python_cpu)
+        affinity.configure(python_cpu(o, self.slot))
         try:
             self.host = RemoteHost(o, self.engine.path, self.engine.pid_path)  # waits for the engine
         except UnavailableError:
@@ -208,9 +186,7 @@ class ServerApplication(BaseApplication):
             self._start_grpc(share_port=True)
         if o.log_verbose:
             app = logs.RequestLog(app)
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(20_000, 50, 50)
+        startup.settle()
         return app
 
     def _start_grpc(self, share_port: bool) -> None:

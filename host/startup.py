@@ -153,3 +153,30 @@ def listening_rows(options: ServerOptions, grpc: Any, metrics: Any) -> list[tupl
     if metrics is not None:
         rows.append(("metrics (Prometheus, /metrics)", f"{options.metrics_address}:{metrics.port}"))
     return rows
+
+
+def start_metrics(host: Any, options: ServerOptions) -> Any:
+    """The metrics endpoint of `host` (None when --allow-metrics is off); StartupError when its
+    port cannot be had."""
+    if not options.allow_metrics:
+        return None
+    from host.metrics import start_metrics_server
+
+    try:
+        server = start_metrics_server(host, options.metrics_address, options.metrics_port)
+    except OSError as exc:
+        raise StartupError(port_error("metrics", options.metrics_address, options.metrics_port,
+                                      "--metrics-port", exc)) from None
+    log.info("started metrics service at %s:%d", options.metrics_address, server.port)
+    return server
+
+
+def settle() -> None:
+    """Once serving: what exists now (models, plugins) lives as long as the server, so keep it
+    out of the collector's way, and let the young generation grow before collecting it, since a
+    request's own objects are freed by reference counting anyway."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 50)

@@ -241,6 +241,26 @@ class Supervisor:
         self.board.mark_exiting()
 
 
+def start_host(options: Any, journal: Journal) -> Any:
+    """A started Host that comes back as the journal's previous process left it (models loaded
+    through the API, shared-memory registrations), and records its changes from now on: the one
+    worker of a server, or its engine process (host.frontend)."""
+    from dataclasses import replace
+
+    from host.core import Host
+
+    explicit = options.model_control_mode == "explicit"
+    if journal.restored and explicit:
+        options = replace(options, load_models=[])  # the journal knows what was loaded
+    host = Host(options)
+    host.start()
+    if not journal.restored and explicit:
+        for mv in host.manager.loaded():
+            journal.models.setdefault(mv.name, None)
+    restore(host, journal)
+    return host
+
+
 def restore(host: Any, journal: Journal) -> None:
     """In a new worker after a crash: load the models the crashed one had loaded through the API
     and register its clients' shared-memory regions again; then record changes from now on."""

@@ -9,7 +9,6 @@ the front ends, finding it gone, stop the server (host.serve).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import shutil
@@ -114,16 +113,19 @@ def _exists(pid: int) -> bool:
         return False
 
 
-def engine_cpu(options: ServerOptions) -> str:
-    """--python-cpu for the engine: with 'auto', the first allowed CPU (the front ends take the
-    others: host.frontend.remote.slot_cpu)."""
+def python_cpu(options: ServerOptions, slot: int | None = None) -> str:
+    """--python-cpu for the engine (`slot` None) or front end `slot`: with 'auto' and several
+    allowed CPUs, the engine takes the first and the front ends the others in turn, so that
+    their Python threads do not share a CPU where they need not; else the setting as given."""
     if options.python_cpu != "auto":
         return options.python_cpu
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return "auto"
-    return str(allowed[0]) if len(allowed) > 1 else "auto"
+    if len(allowed) < 2:
+        return "auto"
+    return str(allowed[0 if slot is None else (slot + 1) % len(allowed)])
 
 
 ENGINE_NAME = "modelhost-engine"  # what `ps -o comm` and /proc/PID/comm show (15 characters kept)
@@ -157,37 +159,17 @@ def _engine_main(options: ServerOptions, path: str, master: int, stop_fd: int,
     code = 0
     host = metrics = link = None
     try:
-        from host.core import Host
         from host.frontend.engine import EngineLink
-        from host.supervise import Journal, restore
+        from host.supervise import Journal, start_host
 
         journal = Journal(Path(journal_path))
         journal.read()  # a previous engine's, when this one replaces it
-        explicit = options.model_control_mode == "explicit"
-        opts = replace(options, python_cpu=engine_cpu(options))
-        if journal.restored and explicit:
-            opts = replace(opts, load_models=[])  # the journal knows what was loaded
-        host = Host(opts)
-        host.start()
-        if not journal.restored and explicit:
-            for mv in host.manager.loaded():
-                journal.models.setdefault(mv.name, None)
-        restore(host, journal)
-        if options.allow_metrics:
-            from host.metrics import start_metrics_server
-
-            try:
-                metrics = start_metrics_server(host, options.metrics_address, options.metrics_port)
-            except OSError as exc:
-                raise startup.StartupError(startup.port_error(
-                    "metrics", options.metrics_address, options.metrics_port, "--metrics-port",
-                    exc)) from None
+        host = start_host(replace(options, python_cpu=python_cpu(options)), journal)
+        metrics = startup.start_metrics(host, options)
         link = EngineLink(host, path)
         link.start()
         startup.log_summary(host, startup.listening_rows(options, listening_grpc(options), metrics))
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(20_000, 50, 50)
+        startup.settle()
         while not select.select([stop_fd], [], [], 1.0)[0]:
             if os.getppid() != master:  # the master is gone: so is the server
                 break

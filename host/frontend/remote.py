@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import socket
 import threading
@@ -335,15 +334,3 @@ class RemoteHost:
         except OSError:
             pass
         self._sock.close()
-
-
-def slot_cpu(slot: int) -> str | None:
-    """The CPU of front end `slot` with --python-cpu auto: the engine takes the first allowed CPU,
-    the front ends the others in turn (None: only one CPU, nothing to choose)."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-    if len(allowed) < 2:
-        return None
-    return str(allowed[(slot + 1) % len(allowed)])

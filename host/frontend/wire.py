@@ -42,23 +42,18 @@ def _dumps(message: tuple) -> tuple[bytes, list[memoryview]]:
 
 
 def send(sock: socket.socket, message: tuple) -> None:
-    data, views = _dumps(message)
-    if not views:
-        sock.sendall(_HEAD.pack(0, len(data)) + data)
-        return
-    head = _HEAD.pack(len(views), len(data)) + b"".join(_LEN.pack(v.nbytes) for v in views)
-    _send_all(sock, [head, data, *views])
+    send_many(sock, [message])
 
 
 def send_many(sock: socket.socket, messages: list[tuple]) -> None:
-    """Several messages in one write."""
+    """Messages in one write."""
     pieces: list[Any] = []
     for message in messages:
         data, views = _dumps(message)
         pieces.append(_HEAD.pack(len(views), len(data)) + b"".join(_LEN.pack(v.nbytes) for v in views))
         pieces.append(data)
         pieces.extend(views)
-    if len(pieces) == 2:
+    if len(pieces) == 2:  # one small message: one buffer
         sock.sendall(pieces[0] + pieces[1])
     else:
         _send_all(sock, pieces)
@@ -91,7 +86,6 @@ class Reader:
         self.view = memoryview(self.block)
         self.start = 0  # first unparsed byte
         self.end = 0  # end of the data read
-        self._queued: list[tuple] = []
 
     def _fill(self, need: int) -> None:
         """Read until at least `need` bytes are buffered from `start` (one read if some are)."""
@@ -107,20 +101,25 @@ class Reader:
                 raise Closed()
             self.end += n
 
-    def _frame(self) -> tuple | None:
-        """The next complete frame in the buffer, or None."""
+    def _head(self) -> tuple[int, int, tuple[int, ...]]:
+        """(bytes the next frame needs from `start`, as far as the buffer tells, its pickle's
+        length, its out-of-band buffers' lengths)."""
         have = self.end - self.start
         if have < _HEAD.size:
-            return None
+            return _HEAD.size, 0, ()
         count, size = _HEAD.unpack_from(self.view, self.start)
         head = _HEAD.size + 8 * count
         if have < head:
-            return None
+            return head, 0, ()
         lengths = struct.unpack_from(f"<{count}Q", self.view, self.start + _HEAD.size) if count else ()
-        total = head + size + sum(lengths)
-        if have < total:
+        return head + size + sum(lengths), size, lengths
+
+    def _frame(self) -> tuple | None:
+        """The next complete frame in the buffer, or None."""
+        total, size, lengths = self._head()
+        if self.end - self.start < total or not size:
             return None
-        pos = self.start + head
+        pos = self.start + total - size - sum(lengths)
         data = self.view[pos:pos + size]
         pos += size
         buffers = []
@@ -128,24 +127,13 @@ class Reader:
             buffers.append(self.view[pos:pos + n])
             pos += n
         self.start += total
-        return pickle.loads(data, buffers=buffers) if count else pickle.loads(data)
-
-    def _needed(self) -> int:
-        have = self.end - self.start
-        if have < _HEAD.size:
-            return _HEAD.size
-        count, size = _HEAD.unpack_from(self.view, self.start)
-        head = _HEAD.size + 8 * count
-        if have < head:
-            return head
-        lengths = struct.unpack_from(f"<{count}Q", self.view, self.start + _HEAD.size) if count else ()
-        return head + size + sum(lengths)
+        return pickle.loads(data, buffers=buffers) if lengths else pickle.loads(data)
 
     def messages(self) -> list[tuple]:
         out = []
         frame = self._frame()
         while frame is None:
-            self._fill(self._needed())
+            self._fill(self._head()[0])
             frame = self._frame()
         while frame is not None:
             out.append(frame)
@@ -156,12 +144,6 @@ class Reader:
             self.view = memoryview(self.block)
             self.start = self.end = 0
         return out
-
-    def read(self) -> tuple:
-        """One message."""
-        if not self._queued:
-            self._queued = self.messages()
-        return self._queued.pop(0)
 
 
 # --- the request and response, as tuples ------------------------------------------------------
