@@ -87,6 +87,9 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
+    p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
+                   help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
+                        "use (Triton's default 6.0)")
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,4 +114,5 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "pinned_memory_pool_byte_size": args.pinned_memory_pool_byte_size,
         "cuda_memory_pool_byte_size": dict(args.cuda_memory_pool_byte_size),
         "cuda_virtual_address_size": dict(args.cuda_virtual_address_size),
+        "min_supported_compute_capability": args.min_supported_compute_capability,
     }

@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from host import __version__, affinity, bls, datatypes, headers, logsettings, overrides, shm, validation
+from host import __version__, affinity, bls, datatypes, devices, headers, logsettings, overrides, shm, validation
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
@@ -52,6 +52,7 @@ class Host:
             affinity.configure(self.options.python_cpu)  # before any thread of ours starts
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
+        devices.configure(self.options.min_supported_compute_capability)  # before any config
         self.plugins = plugins or get_plugin_manager(self.options.blocked_plugins)
         self.backends = BackendPool(self.plugins.registry, self.options.backend_directory,
                                     native_loader=native_backend.loader(self.options.backend_directory),

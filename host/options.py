@@ -80,3 +80,5 @@ class ServerOptions:
     pinned_memory_pool_byte_size: int = 256 * 1024 * 1024
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
     cuda_virtual_address_size: dict[int, int] = field(default_factory=dict)
+    # --min-supported-compute-capability: GPUs below it are not used (host.devices)
+    min_supported_compute_capability: float = 6.0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
+from host import devices
 from host.config import (
     PLATFORM_BACKENDS,
     backend_for,
@@ -387,15 +388,35 @@ def test_normalize_fills_triton_defaults() -> None:
     assert cfg.optimization.output_pinned_memory.enable
 
 
-def test_normalize_instance_groups() -> None:
+def test_normalize_instance_groups(monkeypatch) -> None:
+    # The host's GPUs are what the CUDA driver reports (host.devices); this machine may have
+    # none, so the list is set here to test both of Triton's cases.
+    monkeypatch.setattr(devices, "supported_gpus", lambda: frozenset())
     cfg = normalized('instance_group [ { kind: KIND_AUTO }, { name: "g" count: 3 }, '
-                     '{ kind: KIND_MODEL count: 0 }, { kind: KIND_GPU gpus: [ 0 ] } ]')
+                     '{ kind: KIND_MODEL count: 0 } ]')
     groups = cfg.instance_group
-    assert [g.name for g in groups] == ["m_0", "g", "m_2", "m_3"]
-    assert [g.count for g in groups] == [1, 3, 1, 1]
+    assert [g.name for g in groups] == ["m_0", "g", "m_2"]
+    assert [g.count for g in groups] == [1, 3, 1]
     assert [g.kind for g in groups] == [ModelInstanceGroup.KIND_CPU, ModelInstanceGroup.KIND_CPU,
-                                        ModelInstanceGroup.KIND_MODEL, ModelInstanceGroup.KIND_GPU]
-    assert list(groups[3].gpus) == [0]
+                                        ModelInstanceGroup.KIND_MODEL]
+    reject(simple('instance_group [ { kind: KIND_GPU } ]'),
+           "instance group m_0 of model m has kind KIND_GPU but no GPUs are available")
+    reject(simple('instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]'),
+           "instance group m_0 of model m specifies invalid or unsupported gpu id 0. GPUs with at "
+           "least the minimum required CUDA compute compatibility of 6.000000 are: ")
+
+    monkeypatch.setattr(devices, "supported_gpus", lambda: frozenset({0, 1}))
+    cfg = normalized('instance_group [ { kind: KIND_AUTO }, { kind: KIND_GPU }, '
+                     '{ kind: KIND_GPU gpus: [ 1 ] } ]')
+    groups = cfg.instance_group
+    assert [g.kind for g in groups] == [ModelInstanceGroup.KIND_GPU] * 3
+    assert [list(g.gpus) for g in groups] == [[0, 1], [0, 1], [1]]
+    # KIND_AUTO naming a GPU that is not here becomes a CPU group, which may not name GPUs
+    reject(simple('instance_group [ { kind: KIND_AUTO gpus: [ 2 ] } ]'),
+           "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs")
+    reject(simple('instance_group [ { kind: KIND_GPU gpus: [ 0, 3 ] } ]'),
+           "instance group m_0 of model m specifies invalid or unsupported gpu id 3. GPUs with at "
+           "least the minimum required CUDA compute compatibility of 6.000000 are: 0, 1")
 
 
 def test_default_cpu_count_is_two_for_onnxruntime() -> None:
@@ -430,7 +451,8 @@ def test_sequence_batching_defaults() -> None:
     assert full.sequence_batching.max_sequence_idle_microseconds == 5_000_000
 
 
-def test_normalize_is_idempotent() -> None:
+def test_normalize_is_idempotent(monkeypatch) -> None:
+    monkeypatch.setattr(devices, "supported_gpus", lambda: frozenset({0, 1}))  # FULL's GPU group
     for text, name in ((FULL_CONFIG, "full"), (SEQUENCE_CONFIG, "seq"), (SIMPLE, "m")):
         cfg = parse_config_text(text, name)
         normalize_config(cfg, name)
@@ -448,7 +470,8 @@ def test_renormalize_after_backend_autocomplete() -> None:
     assert list(cfg.dynamic_batching.preferred_batch_size) == [4]
 
 
-def test_full_config_normalizes() -> None:
+def test_full_config_normalizes(monkeypatch) -> None:
+    monkeypatch.setattr(devices, "supported_gpus", lambda: frozenset({0, 1}))  # its GPU group
     cfg = parse_config_text(FULL_CONFIG, "full")
     normalize_config(cfg, "full")
     assert cfg.backend == "onnxruntime" and cfg.instance_group[0].name == "full_0"

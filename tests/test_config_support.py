@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 from google.protobuf import text_format
 
-from host import config_support
+from host import config_support, devices
 from host.config_support import IMPLEMENTED, REFUSED, SUPPORT, classify
 from host.errors import InvalidArgumentError
 from host.proto.model_config_pb2 import ModelConfig
@@ -159,6 +159,7 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
            'family: "nv_inference_first_response_histogram_ms" } histogram_options { '
            'buckets: [ 3, 70 ] } } ] }', IDENTITY)
     _model(tmp_path, "plain", IO, IDENTITY)
+    _model(tmp_path, "on_gpu", IO + "instance_group [ { kind: KIND_GPU } ]", IDENTITY)
     (tmp_path / "tagged_ensemble" / "1").mkdir(parents=True)
     (tmp_path / "tagged_ensemble" / "config.pbtxt").write_text(  # ensembles are audited too
         'name: "tagged_ensemble" platform: "ensemble" ' + IO + 'metric_tags { key: "team" '
@@ -171,6 +172,9 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
         assert "configuration field 'metric_tags' is not supported" in reasons["tagged_ensemble"]
         assert "configuration field 'model_warmup' is not supported" in reasons["warm"]
         assert "configuration field 'instance_group.rate_limiter' is not supported" in reasons["limited"]
+        if not devices.supported_gpus():  # Triton's refusal on a host without GPUs
+            assert reasons["on_gpu"] == ("Invalid argument: instance group on_gpu_0 of model on_gpu "
+                                         "has kind KIND_GPU but no GPUs are available")
 
         x = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
         i = httpclient.InferInput("INPUT0", [2, 2, 3], "FP32")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from host import devices
 from host.config import versions
 from host.config.validate import (_validate_instance_groups, _validate_model_config,
                                   validate_io_config)
@@ -158,7 +159,7 @@ def _fill_defaults(cfg: ModelConfig) -> None:
 
 
 def _normalize_instance_groups(cfg: ModelConfig) -> None:
-    """Triton's NormalizeInstanceGroup on a host without GPUs (ensembles have no instances)."""
+    """Triton's NormalizeInstanceGroup (host.devices: the GPUs here; ensembles have no instances)."""
     if cfg.HasField("ensemble_scheduling"):
         return
     if not cfg.instance_group:
@@ -167,8 +168,13 @@ def _normalize_instance_groups(cfg: ModelConfig) -> None:
         if not group.name:
             group.name = f"{cfg.name}_{index}"
         if group.kind == ModelInstanceGroup.KIND_AUTO:
-            group.kind = ModelInstanceGroup.KIND_CPU  # no supported GPUs here
+            # a GPU group when every GPU it names (or, naming none, any GPU) is here
+            gpus = devices.supported_gpus()
+            on_gpu = bool(gpus) and all(g in gpus for g in group.gpus)
+            group.kind = ModelInstanceGroup.KIND_GPU if on_gpu else ModelInstanceGroup.KIND_CPU
         if group.count < 1:
             group.count = (_DEFAULT_CPU_INSTANCE_COUNT
                            if group.kind == ModelInstanceGroup.KIND_CPU
                            and cfg.backend in _MULTI_INSTANCE_BACKENDS else 1)
+        if group.kind == ModelInstanceGroup.KIND_GPU and not group.gpus:
+            group.gpus.extend(sorted(devices.supported_gpus()))  # all of them, as Triton does

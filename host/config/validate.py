@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from host import datatypes
+from host import datatypes, devices
 from host.config.platforms import ENSEMBLE_PLATFORM, KNOWN_BACKENDS, PLATFORM_BACKENDS
 from host.errors import InvalidArgumentError
 from host.proto.model_config_pb2 import (
@@ -379,7 +379,7 @@ def _check_sources(sources: Any, inputs: set[str]) -> None:
 
 
 def _validate_instance_groups(cfg: ModelConfig) -> None:
-    """Triton's ValidateInstanceGroup, except that KIND_GPU is accepted as given (see report)."""
+    """Triton's ValidateInstanceGroup: a GPU group names GPUs that are here (host.devices)."""
     if cfg.HasField("ensemble_scheduling"):
         return
     if not cfg.instance_group:
@@ -393,6 +393,8 @@ def _validate_instance_groups(cfg: ModelConfig) -> None:
             raise InvalidArgumentError(
                 f"{where} has kind {ModelInstanceGroup.Kind.Name(group.kind)} but specifies one "
                 "or more GPUs")
+        if group.kind == ModelInstanceGroup.KIND_GPU:
+            _check_gpus(group.gpus, where)
         if group.profile and cfg.platform != "tensorrt_plan":
             raise InvalidArgumentError(
                 f"{where} and platform {cfg.platform} specifies profile field which is only "
@@ -403,3 +405,17 @@ def _validate_instance_groups(cfg: ModelConfig) -> None:
                     f"{where} and platform {cfg.platform} specifies invalid profile {profile}. "
                     "The field should contain the string representation of a non-negative "
                     "integer.")
+
+
+def _check_gpus(gpus: Any, where: str) -> None:
+    supported = devices.supported_gpus()
+    if not gpus:
+        raise InvalidArgumentError(
+            f"{where} has kind KIND_GPU but "
+            + ("specifies no GPUs" if supported else "no GPUs are available"))
+    for gpu in gpus:
+        if gpu not in supported:
+            raise InvalidArgumentError(
+                f"{where} specifies invalid or unsupported gpu id {gpu}. GPUs with at least the "
+                f"minimum required CUDA compute compatibility of {devices.min_capability():f} "
+                f"are: {', '.join(str(g) for g in sorted(supported))}")
