@@ -271,6 +271,7 @@ def _bracket(address: str) -> str:
 
 
 def serve(options: ServerOptions) -> int:
+    startup.raise_file_limit()  # the worker and the engine inherit it
     try:
         startup.preflight(options)
     except startup.StartupError as exc:

@@ -5,6 +5,7 @@ traceback flood, and careless or hostile connections do not starve good clients.
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import time
 
@@ -183,6 +184,39 @@ def test_idle_and_slow_clients_do_not_lock_out_a_good_one(server):
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_idle_grpc_connections_leave_descriptors_for_http(tmp_path):
+    """HTTP and gRPC share the process's descriptors. Started with the usual soft limit of 1024
+    (as on most machines), the server raises it to the hard one (host.startup.raise_file_limit):
+    1,100 idle gRPC connections, which send not even an HTTP/2 preface, then leave descriptors
+    to accept HTTP and gRPC clients (without it, both stop answering, as Triton does)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard limit on open files here ({hard}) is too low for the test")
+    write_identity(tmp_path, MODEL)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what the server inherits
+    try:
+        started = serve(tmp_path)
+        server = started.__enter__()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < 2048:  # this process opens 1,100 sockets itself
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))
+    idle = []
+    try:
+        for _ in range(1100):
+            idle.append(socket.create_connection(("127.0.0.1", server.grpc_port), timeout=20))
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        assert infer(client, MODEL, [6.0]).tolist() == [6.0]
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ServerReady(pb.ServerReadyRequest(), timeout=30).ready
+        channel.close()
+    finally:
+        for sock in idle:
+            sock.close()
+        started.__exit__(None, None, None)
 
 
 def test_slow_bodies_in_every_slot_do_not_lock_out_a_good_client():
