@@ -309,7 +309,7 @@ class ModelManager:
                 try:
                     base = self._base_config(entry, config_json)
                     versions = repository.select_versions(
-                        base.version_policy, repository.versions_on_disk(entry.location.path))
+                        base.version_policy, repository.versions_on_disk(entry.location.path), name)
                 except HostError as exc:  # Triton reads the folder and config when it polls
                     raise poll_failure(exc) from None
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
@@ -344,6 +344,16 @@ class ModelManager:
             cfg = found or model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name
+        # Triton completes the backend fields (from the first version folder's files) and
+        # validates the configuration when it polls, before it looks for versions or loads a
+        # backend; inputs and outputs wait for the backend's auto-complete unless it is off.
+        # The rest of the normalization is done on a copy: the backend's auto-complete must
+        # still see what the user wrote (host.config.autocomplete).
+        probe = copy.deepcopy(cfg)
+        config_mod.normalize_config(probe, entry.name, model_dir=entry.location.path,
+                                    validate_io=not self.auto_complete)
+        cfg.platform, cfg.backend = probe.platform, probe.backend
+        cfg.default_model_filename = probe.default_model_filename
         if not config_mod.backend_for(cfg):
             cfg.backend = repository.infer_backend(entry.location.path)
             if not cfg.backend:
@@ -351,8 +361,6 @@ class ModelManager:
                     f"model '{entry.name}' names no backend or platform and none can be inferred "
                     f"from its files")
         config_mod.default_policy(cfg)
-        if not repository.versions_on_disk(entry.location.path):
-            raise InvalidArgumentError(f"model '{entry.name}' has no version folder")
         return cfg
 
     def _load_versions(self, entry: ModelEntry, base: model_config_pb2.ModelConfig,

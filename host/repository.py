@@ -45,11 +45,13 @@ def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str
 
 
 def versions_on_disk(path: Path) -> list[int]:
-    """Numbered version folders of a model, ascending (folders that are not numbers are ignored)."""
+    """Numbered version folders of a model, ascending. As in Triton, folders that are not
+    numbers are ignored, and so are numbers written with leading zeros (`01`)."""
     out = []
     for entry in os.scandir(path):
-        if entry.is_dir() and entry.name.isdigit():
-            out.append(int(entry.name))
+        name = entry.name
+        if entry.is_dir() and name.isascii() and name.isdigit() and (name == "0" or name[0] != "0"):
+            out.append(int(name))
     return sorted(out)
 
 

@@ -242,6 +242,10 @@ def write_broken(root: Path) -> dict[str, str]:
              [("repeat", {"IN": "IN"}, {"OUT": "a"}),
               ("repeat", {"IN": "IN"}, {"OUT": "b"}),
               ("sum2_int", {"A": "a", "B": "b"}, {"OUT": "OUT"})])
+    # two decoupled steps, each writing an output of the ensemble: read together, by no step
+    ensemble(root, "bad_two_lineage_outputs",
+             _io([("IN", "INT32", "-1")], [("OUT", "INT32", "-1"), ("OUT2", "INT32", "-1")]),
+             [("repeat", {"IN": "IN"}, {"OUT": "OUT"}), ("repeat", {"IN": "IN"}, {"OUT": "OUT2"})])
     return {
         "bad_unknown": "ensemble bad_unknown contains models that are not available or ambiguous: no_such_model",
         "bad_input_map": "in ensemble bad_input_map, ensemble tensor INPUT0 is mapping to non-existing input NOPE in model ident",
@@ -254,4 +258,5 @@ def write_broken(root: Path) -> dict[str, str]:
         "bad_cache_decoupled": "Response Cache does not currently support model bad_cache_decoupled with 'decoupled' transaction policy. Please disable the response cache.",
         "bad_cache_sequence": "Response Cache does not currently support ensemble bad_cache_sequence: its composing model sequence_ident uses the sequence batching scheduler",
         "bad_two_lineages": "in ensemble bad_two_lineages, step of model 'sum2_int' receives inputs originated from different decoupled models",
+        "bad_two_lineage_outputs": "in ensemble bad_two_lineage_outputs, step of model 'bad_two_lineage_outputs' receives inputs originated from different decoupled models",
     }

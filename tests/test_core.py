@@ -366,6 +366,41 @@ def test_version_policies(tmp_path, policy, expected):
     host.stop()
 
 
+def test_version_folders_as_triton_reads_them(tmp_path):
+    # a specific version without a folder is skipped (Triton logs it); none at all fails the load
+    write_model(tmp_path, "some", versions=(1, 3), extra="version_policy: { specific: { versions: [1, 2, 3] } }")
+    write_model(tmp_path, "none", versions=(1,), extra="version_policy: { specific: { versions: [2] } }")
+    write_model(tmp_path, "empty", versions=())
+    write_model(tmp_path, "zeros", versions=(2,))
+    (tmp_path / "zeros" / "07").mkdir()  # leading zeros: not a version folder, as in Triton
+    host = make_host(tmp_path)
+    host.start()
+    rows = {r["name"]: r for r in host.repository_index()}
+    assert host.model_metadata("some")["versions"] == ["1", "3"]
+    for name in ("none", "empty"):
+        assert rows[name]["state"] == "UNAVAILABLE"
+        assert rows[name]["reason"].endswith(
+            f"at least one version must be available under the version policy of model '{name}'")
+    assert host.model_metadata("zeros")["versions"] == ["2"]
+    host.stop()
+
+
+def test_configuration_is_checked_before_versions_and_backend(tmp_path):
+    """As Triton polls: the backend fields are completed and the configuration validated before
+    version folders are looked for or a backend loaded, so its own error is the one reported."""
+    (tmp_path / "bad_batch").mkdir()  # no version folder, and a configuration Triton refuses
+    (tmp_path / "bad_batch" / "config.pbtxt").write_text('backend: "nowhere"\nmax_batch_size: -3\n')
+    (tmp_path / "bad_pair" / "1").mkdir(parents=True)  # the backend comes from the file name
+    (tmp_path / "bad_pair" / "config.pbtxt").write_text(
+        'platform: "onnxruntim"\ndefault_model_filename: "model.onnx"\n')
+    host = make_host(tmp_path)
+    host.start()
+    rows = {r["name"]: r for r in host.repository_index()}
+    assert "'max_batch_size' must be non-negative value for bad_batch" in rows["bad_batch"]["reason"]
+    assert "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime" in rows["bad_pair"]["reason"]
+    host.stop()
+
+
 def test_default_model_filename_and_missing_config_autocomplete(tmp_path):
     (tmp_path / "auto" / "1").mkdir(parents=True)
     (tmp_path / "auto" / "1" / "model.py").write_text("")

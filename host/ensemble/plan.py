@@ -236,6 +236,12 @@ def _check_lineage(config: ModelConfig, steps: list[Step], tensors: dict[str, _N
             for _, t in s.outputs:
                 tensors[t].label = label
             pending.remove(s)
+    # The ensemble's outputs are read together too, as by a last step named after it.
+    found = {tensors[o.name].label if o.name in tensors else -1 for o in config.output}
+    if len(found) > 1 and -1 not in found:
+        raise InvalidArgumentError(
+            f"in ensemble {config.name}, step of model '{config.name}' receives inputs "
+            "originated from different decoupled models")
     return labels > 0
 
 
