@@ -239,6 +239,9 @@ def make_registry(host: Host) -> CollectorRegistry:
     from host.native.metrics import NativeMetricsCollector  # native backends' own metrics
 
     registry.register(NativeMetricsCollector())
+    from host.backends.python.custom_metrics import PythonCustomMetricsCollector
+
+    registry.register(PythonCustomMetricsCollector())  # pb_utils.MetricFamily
     return registry
 
 

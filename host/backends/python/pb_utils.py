@@ -27,6 +27,7 @@ import json
 import logging
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -477,6 +478,14 @@ def _parameters_json(parameters: dict | None) -> str:
     return json.dumps(parameters)
 
 
+def _std_string(value: Any) -> Any:
+    """A std::string argument as pybind11 takes it: bytes (say an element of a BYTES input's
+    as_numpy(), as Triton's BLS example passes a model name) count as their UTF-8 text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
 class InferenceRequest:
     """An inference request as a model sees it.
 
@@ -495,11 +504,11 @@ class InferenceRequest:
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         self._preferred_memory = preferred_memory or PreferredMemory()
-        self._request_id = request_id
+        self._request_id = _std_string(request_id)
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
-        self._requested_output_names = list(requested_output_names)
-        self._model_name = model_name
+        self._requested_output_names = [_std_string(n) for n in requested_output_names]
+        self._model_name = _std_string(model_name)
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -948,10 +957,50 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
         raise _instance_failure("Failed to check model readiness", exc.message) from None
 
 
-# --- custom metrics (kept in process, not exported) ------------------------------------------
+# --- custom metrics ---------------------------------------------------------------------------
+# Triton keeps custom metrics in the server's one Prometheus registry: a family is named once (a
+# second MetricFamily of that name and kind is the same family, its first description kept; of
+# another kind it is an error), and Metric objects of one family with the same labels share one
+# value. A family or metric is exported on /metrics while a Python object refers to it (a model
+# unloaded takes its metrics with it); host.backends.python.custom_metrics exports them.
+
+_METRICS_LOCK = threading.Lock()
+
+
+class _Family:
+    """One named family of the registry, alive while a MetricFamily or Metric refers to it."""
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self.name, self.description, self.kind = name, description, kind
+        self.cells: weakref.WeakValueDictionary[tuple, _Cell] = weakref.WeakValueDictionary()
+
+
+class _Cell:
+    """The value Metric objects of one family and label set share."""
+
+    def __init__(self, labels: dict, buckets: list[float] | None) -> None:
+        self.labels, self.buckets = labels, buckets
+        self.value = 0.0
+        self.sum = 0.0
+        self.counts: Any = [0] * (len(buckets) + 1) if buckets is not None else None
+
+
+_FAMILIES: weakref.WeakValueDictionary[str, _Family] = weakref.WeakValueDictionary()
+
+
+def _custom_metric_families() -> list[tuple[str, str, int, list[tuple[dict, Any]]]]:
+    """(name, description, kind, [(labels, cell)]) of every live family, in creation order;
+    a histogram cell's counts are per bucket (the exporter adds them up)."""
+    with _METRICS_LOCK:
+        families = list(_FAMILIES.values())
+        return [(f.name, f.description, f.kind,
+                 [(c.labels, (c.value, c.sum, c.buckets, list(c.counts) if c.counts else None))
+                  for c in list(f.cells.values())])
+                for f in families]
+
 
 class MetricFamily:
-    """A custom metric family; its metrics keep their values but are not exported yet."""
+    """A custom metric family, exported on /metrics (Triton's TRITONSERVER_MetricFamilyNew)."""
 
     COUNTER = 0
     GAUGE = 1
@@ -961,23 +1010,33 @@ class MetricFamily:
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"invalid metric kind {kind!r}")
         self.name, self.description, self.kind = name, description, kind
-        self._lock = threading.Lock()
+        with _METRICS_LOCK:
+            family = _FAMILIES.get(name)
+            if family is None:
+                family = _FAMILIES[name] = _Family(name, description, kind)
+            elif family.kind != kind:
+                raise TritonModelException("Family name already exists with different type")
+        self._family = family
 
     def Metric(self, labels: dict | None = None, buckets: Iterable[float] | None = None) -> Metric:  # noqa: N802
         if self.kind == self.HISTOGRAM and buckets is None:
             raise TritonModelException("Missing required buckets for histogram metrics.")
         if self.kind != self.HISTOGRAM and buckets is not None:
             raise TritonModelException("Unexpected buckets found, only histogram metrics have buckets.")
-        return Metric(self, dict(labels or {}), None if buckets is None else sorted(buckets))
+        labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        key = tuple(sorted(labels.items()))
+        with _METRICS_LOCK:
+            cell = self._family.cells.get(key)
+            if cell is None:  # the same labels again: the same value (prometheus Family::Add)
+                cell = _Cell(labels, None if buckets is None else sorted(buckets))
+                self._family.cells[key] = cell
+        return Metric(self, labels, cell)
 
 
 class Metric:
-    def __init__(self, family: MetricFamily, labels: dict, buckets: list[float] | None) -> None:
-        self._family, self.labels = family, labels
-        self.buckets: Any = buckets  # a sorted list for a histogram, else None
-        self._value = 0.0
-        self._sum = 0.0
-        self._counts: Any = [0] * (len(buckets) + 1) if buckets is not None else None
+    def __init__(self, family: MetricFamily, labels: dict, cell: _Cell) -> None:
+        self._family, self.labels, self._cell = family, labels, cell
+        self.buckets: Any = cell.buckets  # a sorted list for a histogram, else None
 
     def increment(self, value: float) -> None:
         if self._family.kind == MetricFamily.HISTOGRAM:
@@ -985,25 +1044,26 @@ class Metric:
         if self._family.kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("TritonServerMetricIncrement(): counters can only be "
                                        "incremented by non-negative values")
-        with self._family._lock:
-            self._value += value
+        with _METRICS_LOCK:
+            self._cell.value += value
 
     def set(self, value: float) -> None:
         if self._family.kind != MetricFamily.GAUGE:
             raise TritonModelException("Only gauge metrics can be set.")
-        with self._family._lock:
-            self._value = float(value)
+        with _METRICS_LOCK:
+            self._cell.value = float(value)
 
     def observe(self, value: float) -> None:
         if self._family.kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("Only histogram metrics can be observed.")
-        with self._family._lock:
-            self._sum += value
-            self._value += 1
-            i = next((i for i, b in enumerate(self.buckets) if value <= b), len(self.buckets))
-            self._counts[i] += 1
+        cell = self._cell
+        with _METRICS_LOCK:
+            cell.sum += value
+            cell.value += 1
+            i = next((i for i, b in enumerate(cell.buckets) if value <= b), len(cell.buckets))
+            cell.counts[i] += 1
 
     def value(self) -> float:
         if self._family.kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("Getting the value of a histogram metric is not supported.")
-        return self._value
+        return self._cell.value
