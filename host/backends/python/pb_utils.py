@@ -344,7 +344,7 @@ def _capsule_from_array(array: np.ndarray) -> Any:
 class Tensor:
     """A named tensor over a numpy array (inputs are views of the request's data, never copies)."""
 
-    __slots__ = ("_name", "_array", "_datatype")
+    __slots__ = ("_name", "_array", "_datatype", "_borrowed")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(name, str) or name == "":
@@ -360,12 +360,13 @@ class Tensor:
         self._name = name
         self._array = array
         self._datatype = datatype
+        self._borrowed = False
 
     @classmethod
-    def _wrap(cls, name: str, datatype: str, array: np.ndarray) -> Tensor:
-        """A request input: no checks, no copy."""
+    def _wrap(cls, name: str, datatype: str, array: np.ndarray, borrowed: bool = True) -> Tensor:
+        """A request input or BLS output (borrowed: the host's data): no checks, no copy."""
         t = cls.__new__(cls)
-        t._name, t._array, t._datatype = name, array, datatype
+        t._name, t._array, t._datatype, t._borrowed = name, array, datatype, borrowed
         return t
 
     def name(self) -> str:
@@ -377,7 +378,12 @@ class Tensor:
             raise TritonModelException(
                 "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
                 "from_dlpack() instead.")
-        return self._array
+        array = self._array
+        if self._borrowed and not array.flags.writeable:
+            # Triton's stub hands out inputs a model may write to (in place: `x += 1`); one read
+            # from a request body is a read-only view, copied once here, on first use.
+            array = self._array = array.copy()
+        return array
 
     def triton_dtype(self) -> int:
         return _type_code(self._datatype)
@@ -429,7 +435,7 @@ class Tensor:
         datatype = _datatype_of_array(array)
         if datatype is None or datatype == "BYTES":
             raise TritonModelException(f"DLPack dtype {array.dtype} is not supported.")
-        return Tensor._wrap(name, datatype, array)
+        return Tensor._wrap(name, datatype, array, borrowed=False)
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()})"
