@@ -65,7 +65,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from host import bls, datatypes
+from host import bls
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
 from host.backends.python import pb_utils, settings
 from host.config import config_from_json, config_to_json

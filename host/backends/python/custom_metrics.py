@@ -2,8 +2,8 @@
 
 A prometheus_client collector that reads pb_utils' family registry at scrape time, as Triton's
 python backend registers them in the server's registry: counters and gauges with the names,
-help and labels the model gave them; histograms as `_bucket` (cumulative, `le` last), `_sum` and
-`_count`. Scraping never imports the python backend: before one is loaded there is nothing to
+help and labels the model gave them; histograms as `_count`, `_sum` and `_bucket` (cumulative, `le`
+last). Scraping never imports the python backend: before one is loaded there is nothing to
 report. Models run in a stub process of their own (EXECUTION_MODE "process") keep theirs there.
 """
 
@@ -36,10 +36,10 @@ class PythonCustomMetricsCollector:
                 if buckets is None:
                     family.add_sample(name, labels, value)
                     continue
+                family.add_sample(name + "_count", labels, value)  # prometheus-cpp's order
+                family.add_sample(name + "_sum", labels, total)
                 running = 0
                 for bound, count in zip([*map(_bound, buckets), "+Inf"], counts):
                     running += count
                     family.add_sample(name + "_bucket", {**labels, "le": bound}, running)
-                family.add_sample(name + "_sum", labels, total)
-                family.add_sample(name + "_count", labels, value)
             yield family

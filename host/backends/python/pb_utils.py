@@ -964,17 +964,21 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
 
 # --- custom metrics ---------------------------------------------------------------------------
-# Triton keeps custom metrics in the server's one Prometheus registry: a family is named once (a
-# second MetricFamily of that name and kind is the same family, its first description kept; of
-# another kind it is an error), and Metric objects of one family with the same labels share one
-# value. A family or metric is exported on /metrics while a Python object refers to it (a model
-# unloaded takes its metrics with it); host.backends.python.custom_metrics exports them.
+# Triton keeps custom metrics in the server's one Prometheus registry: a family is named once and
+# for the server's life (a second MetricFamily of that name and kind is the same family, its
+# first description kept; of another kind it is an error), and Metric objects of one family with
+# the same labels share one value, exported while a Metric object refers to it. A Metric does not
+# keep its MetricFamily object alive: once that is gone, the metric is cleared (Triton's stub).
+# host.backends.python.custom_metrics exports them.
 
 _METRICS_LOCK = threading.Lock()
+_CLEARED = ("Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+            "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+            "been deleted.")
 
 
 class _Family:
-    """One named family of the registry, alive while a MetricFamily or Metric refers to it."""
+    """One named family of the registry; its values live while a Metric object refers to them."""
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         self.name, self.description, self.kind = name, description, kind
@@ -991,18 +995,20 @@ class _Cell:
         self.counts: Any = [0] * (len(buckets) + 1) if buckets is not None else None
 
 
-_FAMILIES: weakref.WeakValueDictionary[str, _Family] = weakref.WeakValueDictionary()
+_FAMILIES: dict[str, _Family] = {}  # never forgotten, as Triton's registry
 
 
 def _custom_metric_families() -> list[tuple[str, str, int, list[tuple[dict, Any]]]]:
-    """(name, description, kind, [(labels, cell)]) of every live family, in creation order;
-    a histogram cell's counts are per bucket (the exporter adds them up)."""
+    """(name, description, kind, [(labels, (value, sum, buckets, counts))]) of every family with
+    a live metric, in creation order; a histogram's counts are per bucket (not cumulative)."""
     with _METRICS_LOCK:
-        families = list(_FAMILIES.values())
-        return [(f.name, f.description, f.kind,
-                 [(c.labels, (c.value, c.sum, c.buckets, list(c.counts) if c.counts else None))
-                  for c in list(f.cells.values())])
-                for f in families]
+        out = []
+        for f in _FAMILIES.values():
+            cells = [(c.labels, (c.value, c.sum, c.buckets, list(c.counts) if c.counts else None))
+                     for c in list(f.cells.values())]
+            if cells:  # prometheus-cpp skips a family without metrics
+                out.append((f.name, f.description, f.kind, cells))
+        return out
 
 
 class MetricFamily:
@@ -1013,6 +1019,7 @@ class MetricFamily:
     HISTOGRAM = 2
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"invalid metric kind {kind!r}")
         self.name, self.description, self.kind = name, description, kind
@@ -1021,7 +1028,8 @@ class MetricFamily:
             if family is None:
                 family = _FAMILIES[name] = _Family(name, description, kind)
             elif family.kind != kind:
-                raise TritonModelException("Family name already exists with different type")
+                raise _instance_failure("Error when creating MetricFamily",
+                                        "Family name already exists with different type")
         self._family = family
 
     def Metric(self, labels: dict | None = None, buckets: Iterable[float] | None = None) -> Metric:  # noqa: N802
@@ -1036,40 +1044,56 @@ class MetricFamily:
             if cell is None:  # the same labels again: the same value (prometheus Family::Add)
                 cell = _Cell(labels, None if buckets is None else sorted(buckets))
                 self._family.cells[key] = cell
-        return Metric(self, labels, cell)
+        metric = Metric(self.kind, labels, cell)
+        self._metrics.add(metric)
+        return metric
+
+    def __del__(self) -> None:
+        for metric in list(getattr(self, "_metrics", ())):
+            metric._cell = None  # cleared: its value goes when no other Metric refers to it
 
 
 class Metric:
-    def __init__(self, family: MetricFamily, labels: dict, cell: _Cell) -> None:
-        self._family, self.labels, self._cell = family, labels, cell
+    def __init__(self, kind: int, labels: dict, cell: _Cell) -> None:
+        self._kind, self.labels = kind, labels
+        self._cell: _Cell | None = cell
         self.buckets: Any = cell.buckets  # a sorted list for a histogram, else None
 
+    def _live(self, operation: str) -> _Cell:
+        cell = self._cell
+        if cell is None:
+            raise TritonModelException(f"Failed to {operation} metric value: {_CLEARED}")
+        return cell
+
     def increment(self, value: float) -> None:
-        if self._family.kind == MetricFamily.HISTOGRAM:
+        if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("Incrementing a histogram metric is not supported.")
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
+        cell = self._live("increment")
+        if self._kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("TritonServerMetricIncrement(): counters can only be "
                                        "incremented by non-negative values")
         with _METRICS_LOCK:
-            self._cell.value += value
+            cell.value += value
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
+        if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("Only gauge metrics can be set.")
+        cell = self._live("set")
         with _METRICS_LOCK:
-            self._cell.value = float(value)
+            cell.value = float(value)
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
+        if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("Only histogram metrics can be observed.")
-        cell = self._cell
+        cell = self._live("observe")
+        bounds: list[float] = cell.buckets or []
         with _METRICS_LOCK:
             cell.sum += value
             cell.value += 1
-            i = next((i for i, b in enumerate(cell.buckets) if value <= b), len(cell.buckets))
+            i = next((i for i, b in enumerate(bounds) if value <= b), len(bounds))
             cell.counts[i] += 1
 
     def value(self) -> float:
-        if self._family.kind == MetricFamily.HISTOGRAM:
+        if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("Getting the value of a histogram metric is not supported.")
-        return self._cell.value
+        return self._live("get").value
