@@ -603,8 +603,8 @@ class PythonInstance(Instance):
             name = tensor.name()
             if requested and name not in requested and name not in states:
                 continue
-            # Triton sends an output with the datatype the model gave it, whatever the config
-            # says (its core checks no output datatype): e.g. an INT64 sum for a TYPE_INT32 output.
+            # As Triton's python backend: the tensor goes out with its own datatype, whatever
+            # the configuration says (its L0_http test_0_dimension_output sends FP64 for STRING).
             datatype = tensor._datatype
             data = tensor._array
             if datatype == "BYTES":
