@@ -160,6 +160,48 @@ MODELS = {
                         pb_utils.Tensor("OUT", np.array([text.encode()], dtype=np.object_))]))
                 return responses
         """),
+    "metric_errors": ("""
+        input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+        """, """
+        import json
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                kinds = pb_utils.MetricFamily
+                counter = kinds(name="qa_err_c", description="c", kind=kinds.COUNTER)
+                gauge = kinds(name="qa_err_g", description="g", kind=kinds.GAUGE)
+                histogram = kinds(name="qa_err_h", description="h", kind=kinds.HISTOGRAM)
+                c, g = counter.Metric(), gauge.Metric()
+                h = histogram.Metric(labels={"n": "1"}, buckets=[1.0])
+                probes = {
+                    "counter_set": lambda: c.set(1),
+                    "counter_observe": lambda: c.observe(1),
+                    "gauge_observe": lambda: g.observe(1),
+                    "histogram_increment": lambda: h.increment(1),
+                    "histogram_set": lambda: h.set(1),
+                    "no_buckets": lambda: histogram.Metric(labels={"n": "2"}),
+                    "counter_buckets": lambda: counter.Metric(buckets=[1.0]),
+                    "repeated_bound": lambda: histogram.Metric(labels={"n": "3"},
+                                                               buckets=[1, 1, 2]),
+                    "label_value": lambda: counter.Metric(labels={"a": 1}),
+                    "label_name": lambda: counter.Metric(labels={1: "a"}),
+                    "family_name": lambda: kinds(name="bad name", description="x",
+                                                 kind=kinds.COUNTER),
+                }
+                errors = {}
+                for key, probe in probes.items():
+                    try:
+                        probe()
+                        errors[key] = "accepted"
+                    except Exception as e:
+                        errors[key] = f"{type(e).__name__}: {e}"
+                text = json.dumps(errors).encode()
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([text], dtype=np.object_))]) for r in requests]
+        """),
 }
 
 
@@ -265,3 +307,35 @@ def test_custom_metrics_are_exported(server, clients):
     assert "another text" not in metrics and "qa_ex_gone" not in metrics
     sizes = [line.split("{")[0] for line in metrics.splitlines() if line.startswith("qa_ex_sizes")]
     assert sizes == ["qa_ex_sizes_count", "qa_ex_sizes_sum"] + ["qa_ex_sizes_bucket"] * 3
+
+
+def test_custom_metric_errors_have_tritons_texts(clients):
+    """Each text as Triton 2.51 gives it, checked one probe per request there (several failing
+    metric calls in one execute crash its server)."""
+    mod, client = clients[0]
+    errors = json.loads(client.infer("metric_errors", [_input(
+        mod, "IN", np.zeros(1, np.float32))]).as_numpy("OUT")[0])
+    core = "TritonModelException: {}: Failed to process the request for model 'metric_errors_0', " \
+           "message: {}"
+    assert errors == {
+        "counter_set": core.format("Failed to set metric value",
+                                   "TRITONSERVER_METRIC_KIND_COUNTER does not support Set"),
+        "counter_observe": core.format("Failed to observe metric value",
+                                       "TRITONSERVER_METRIC_KIND_COUNTER does not support Observe"),
+        "gauge_observe": core.format("Failed to observe metric value",
+                                     "TRITONSERVER_METRIC_KIND_GAUGE does not support Observe"),
+        "histogram_increment": core.format(
+            "Failed to increment metric value",
+            "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Increment"),
+        "histogram_set": core.format("Failed to set metric value",
+                                     "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Set"),
+        "no_buckets": "TritonModelException: Failed to create metric. Missing required buckets.",
+        "counter_buckets": "TritonModelException: Failed to create metric. Unexpected buckets "
+                           "found.",
+        "repeated_bound": core.format("Error when creating Metric",
+                                      "Bucket Boundaries must be strictly sorted"),
+        "label_value": core.format("Error when creating Metric",
+                                   "attempt to access JSON non-string as string"),
+        "label_name": core.format("Error when creating Metric", "Invalid label name"),
+        "family_name": core.format("Error when creating MetricFamily", "Invalid metric name"),
+    }

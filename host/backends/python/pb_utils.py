@@ -25,10 +25,11 @@ import ctypes
 import enum
 import json
 import logging
+import re
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -996,6 +997,8 @@ class _Cell:
 
 
 _FAMILIES: dict[str, _Family] = {}  # never forgotten, as Triton's registry
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")  # prometheus-cpp's checks
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
 def _custom_metric_families() -> list[tuple[str, str, int, list[tuple[dict, Any]]]]:
@@ -1021,7 +1024,12 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: int) -> None:
         self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
-            raise TritonModelException(f"invalid metric kind {kind!r}")
+            raise TypeError(  # pybind11's words: kind is a MetricKind
+                "__init__(): incompatible constructor arguments. The following argument types are "
+                "supported:\n    1. c_python_backend_utils.MetricFamily(name: str, description: "
+                "str, kind: c_python_backend_utils.MetricKind)\n")
+        if not _METRIC_NAME.match(name) or name.startswith("__"):
+            raise _instance_failure("Error when creating MetricFamily", "Invalid metric name")
         self.name, self.description, self.kind = name, description, kind
         with _METRICS_LOCK:
             family = _FAMILIES.get(name)
@@ -1032,17 +1040,31 @@ class MetricFamily:
                                         "Family name already exists with different type")
         self._family = family
 
-    def Metric(self, labels: dict | None = None, buckets: Iterable[float] | None = None) -> Metric:  # noqa: N802
-        if self.kind == self.HISTOGRAM and buckets is None:
-            raise TritonModelException("Missing required buckets for histogram metrics.")
-        if self.kind != self.HISTOGRAM and buckets is not None:
-            raise TritonModelException("Unexpected buckets found, only histogram metrics have buckets.")
-        labels = {str(k): str(v) for k, v in (labels or {}).items()}
+    def Metric(self, labels: dict | None = None, buckets: Any = None) -> Metric:  # noqa: N802
+        # The stub's checks, then the core's (prometheus-cpp Family::Add) in Triton's words.
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self.kind != self.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            buckets = [float(b) for b in buckets]
+        elif self.kind == self.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        labels = json.loads(json.dumps(labels or {}))  # as the stub sends them (keys as text)
+        for label, value in labels.items():
+            if not isinstance(value, str):
+                raise _instance_failure("Error when creating Metric",
+                                        "attempt to access JSON non-string as string")
+            if not _LABEL_NAME.match(label) or label.startswith("__"):
+                raise _instance_failure("Error when creating Metric", "Invalid label name")
         key = tuple(sorted(labels.items()))
         with _METRICS_LOCK:
             cell = self._family.cells.get(key)
             if cell is None:  # the same labels again: the same value (prometheus Family::Add)
-                cell = _Cell(labels, None if buckets is None else sorted(buckets))
+                if buckets is not None and any(x >= y for x, y in zip(buckets, buckets[1:])):
+                    raise _instance_failure("Error when creating Metric",
+                                            "Bucket Boundaries must be strictly sorted")
+                cell = _Cell(labels, buckets)
                 self._family.cells[key] = cell
         metric = Metric(self.kind, labels, cell)
         self._metrics.add(metric)
@@ -1053,39 +1075,45 @@ class MetricFamily:
             metric._cell = None  # cleared: its value goes when no other Metric refers to it
 
 
+_KIND_NAMES = {MetricFamily.COUNTER: "TRITONSERVER_METRIC_KIND_COUNTER",
+               MetricFamily.GAUGE: "TRITONSERVER_METRIC_KIND_GAUGE",
+               MetricFamily.HISTOGRAM: "TRITONSERVER_METRIC_KIND_HISTOGRAM"}
+
+
 class Metric:
     def __init__(self, kind: int, labels: dict, cell: _Cell) -> None:
         self._kind, self.labels = kind, labels
         self._cell: _Cell | None = cell
         self.buckets: Any = cell.buckets  # a sorted list for a histogram, else None
 
-    def _live(self, operation: str) -> _Cell:
+    def _live(self, operation: str, supported: tuple[int, ...], verb: str) -> _Cell:
+        """The metric's value cell, or Triton's error: cleared (the stub's check), then the
+        core's refusal of `verb` for this kind."""
         cell = self._cell
         if cell is None:
             raise TritonModelException(f"Failed to {operation} metric value: {_CLEARED}")
+        if self._kind not in supported:
+            raise _instance_failure(f"Failed to {operation} metric value",
+                                    f"{_KIND_NAMES[self._kind]} does not support {verb}")
         return cell
 
     def increment(self, value: float) -> None:
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("Incrementing a histogram metric is not supported.")
-        cell = self._live("increment")
+        cell = self._live("increment", (MetricFamily.COUNTER, MetricFamily.GAUGE), "Increment")
         if self._kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("TritonServerMetricIncrement(): counters can only be "
-                                       "incremented by non-negative values")
+            raise _instance_failure(
+                "Failed to increment metric value",
+                "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by "
+                "non-negative values.")
         with _METRICS_LOCK:
             cell.value += value
 
     def set(self, value: float) -> None:
-        if self._kind != MetricFamily.GAUGE:
-            raise TritonModelException("Only gauge metrics can be set.")
-        cell = self._live("set")
+        cell = self._live("set", (MetricFamily.GAUGE,), "Set")
         with _METRICS_LOCK:
             cell.value = float(value)
 
     def observe(self, value: float) -> None:
-        if self._kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("Only histogram metrics can be observed.")
-        cell = self._live("observe")
+        cell = self._live("observe", (MetricFamily.HISTOGRAM,), "Observe")
         bounds: list[float] = cell.buckets or []
         with _METRICS_LOCK:
             cell.sum += value
@@ -1094,6 +1122,4 @@ class Metric:
             cell.counts[i] += 1
 
     def value(self) -> float:
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("Getting the value of a histogram metric is not supported.")
-        return self._live("get").value
+        return self._live("get", (MetricFamily.COUNTER, MetricFamily.GAUGE), "Value").value
