@@ -202,6 +202,32 @@ MODELS = {
                 return [pb_utils.InferenceResponse([pb_utils.Tensor(
                     "OUT", np.array([text], dtype=np.object_))]) for r in requests]
         """),
+    "odd_import": ("""
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """, """
+        import sys
+        import types
+
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class _AnyAttribute(types.ModuleType):
+            # as torch.classes, whose __getattr__ answers __path__ with a namespace object
+            def __getattr__(self, name):
+                if name == "__path__":
+                    return object()
+                raise AttributeError(name)
+
+
+        sys.modules["qa_examples_any_attribute"] = _AnyAttribute("qa_examples_any_attribute")
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))])
+                        for r in requests]
+        """),
 }
 
 
@@ -339,3 +365,10 @@ def test_custom_metric_errors_have_tritons_texts(clients):
         "label_name": core.format("Error when creating Metric", "Invalid label name"),
         "family_name": core.format("Error when creating MetricFamily", "Invalid metric name"),
     }
+
+
+def test_a_model_importing_a_module_that_answers_any_attribute_loads(clients):
+    """torch (imported first by a model, as the pytorch example does in a stub process) has
+    torch.classes, whose __path__ is not iterable: the model still loads."""
+    for mod, client in clients:
+        assert client.infer("odd_import", []).as_numpy("OUT").tolist() == [1]

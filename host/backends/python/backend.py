@@ -163,9 +163,15 @@ def _sibling_names(directory: Path) -> set[str]:
 
 
 def _is_under(module: types.ModuleType, directory: str) -> bool:
-    paths = [getattr(module, "__file__", None)] + list(getattr(module, "__path__", None) or [])
+    # Modules may answer any attribute (torch.classes gives a _ClassNamespace for __path__):
+    # only text paths count.
+    paths = [getattr(module, "__file__", None)]
+    try:
+        paths += list(getattr(module, "__path__", None) or [])
+    except TypeError:
+        pass
     for p in paths:
-        if p and os.path.realpath(p).startswith(directory + os.sep):
+        if isinstance(p, str) and p and os.path.realpath(p).startswith(directory + os.sep):
             return True
     return False
 
