@@ -41,7 +41,7 @@ iterative sequences): once execute returns, the request runs again; a non-decoup
 None for it (anything else fails the execute with Triton's message). Thread mode only.
 
 Not supported (yet): the optional `is_ready()`; GPU-resident tensors
-(tensors live in CPU memory); custom metrics are not exported.
+(tensors live in CPU memory); custom metrics of process-mode instances are not exported.
 """
 
 from __future__ import annotations

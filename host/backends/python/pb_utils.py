@@ -15,7 +15,10 @@ Differences from Triton (all documented in the backend's module docstring):
 - BLS (`InferenceRequest(...).exec()` / `async_exec()`) and model control (`load_model`,
   `unload_model`, `is_model_ready`) go to the host in this process (`host.backends.python.bls`);
   BLS responses carry the callee's `parameters()` (newer Tritons do too).
-- Custom metrics (`MetricFamily`) keep their values in process but are not exported.
+- Custom metrics (`MetricFamily`) are exported on /metrics as Triton's
+  (host.backends.python.custom_metrics), except from a process-mode instance.
+- `as_numpy()` of a request input (or BLS output) is writable as in Triton: a read-only view of
+  the request's bytes is copied once, on first use.
 """
 
 from __future__ import annotations
