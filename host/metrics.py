@@ -239,6 +239,9 @@ def make_registry(host: Host) -> CollectorRegistry:
     from host.native.metrics import NativeMetricsCollector  # native backends' own metrics
 
     registry.register(NativeMetricsCollector())
+    from host.backends.python.custom_metrics import PythonCustomMetricsCollector
+
+    registry.register(PythonCustomMetricsCollector())  # pb_utils.MetricFamily
     return registry
 
 
@@ -269,12 +272,17 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
+def _label_order(item: tuple[str, str]) -> tuple[bool, str]:
+    """A family's labels by name, then a bucket's `le` or a summary's `quantile` (prometheus-cpp)."""
+    return (item[0] in ("le", "quantile"), item[0])
+
+
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
     inner = ",".join(
         '{}="{}"'.format(k, str(v).replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"'))
-        for k, v in sorted(labels.items()))
+        for k, v in sorted(labels.items(), key=_label_order))
     return "{" + inner + "}"
 
 

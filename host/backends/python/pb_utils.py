@@ -15,7 +15,10 @@ Differences from Triton (all documented in the backend's module docstring):
 - BLS (`InferenceRequest(...).exec()` / `async_exec()`) and model control (`load_model`,
   `unload_model`, `is_model_ready`) go to the host in this process (`host.backends.python.bls`);
   BLS responses carry the callee's `parameters()` (newer Tritons do too).
-- Custom metrics (`MetricFamily`) keep their values in process but are not exported.
+- Custom metrics (`MetricFamily`) are exported on /metrics as Triton's
+  (host.backends.python.custom_metrics), except from a process-mode instance.
+- `as_numpy()` of a request input (or BLS output) is writable as in Triton: a read-only view of
+  the request's bytes is copied once, on first use.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import ctypes
 import enum
 import json
 import logging
+import re
 import sys
 import threading
-from typing import Any, Callable, Iterable
+import weakref
+from typing import Any, Callable
 
 import numpy as np
 
@@ -343,7 +348,7 @@ def _capsule_from_array(array: np.ndarray) -> Any:
 class Tensor:
     """A named tensor over a numpy array (inputs are views of the request's data, never copies)."""
 
-    __slots__ = ("_name", "_array", "_datatype")
+    __slots__ = ("_name", "_array", "_datatype", "_borrowed")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(name, str) or name == "":
@@ -359,12 +364,13 @@ class Tensor:
         self._name = name
         self._array = array
         self._datatype = datatype
+        self._borrowed = False
 
     @classmethod
-    def _wrap(cls, name: str, datatype: str, array: np.ndarray) -> Tensor:
-        """A request input: no checks, no copy."""
+    def _wrap(cls, name: str, datatype: str, array: np.ndarray, borrowed: bool = True) -> Tensor:
+        """A request input or BLS output (borrowed: the host's data): no checks, no copy."""
         t = cls.__new__(cls)
-        t._name, t._array, t._datatype = name, array, datatype
+        t._name, t._array, t._datatype, t._borrowed = name, array, datatype, borrowed
         return t
 
     def name(self) -> str:
@@ -376,7 +382,12 @@ class Tensor:
             raise TritonModelException(
                 "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
                 "from_dlpack() instead.")
-        return self._array
+        array = self._array
+        if self._borrowed and not array.flags.writeable:
+            # Triton's stub hands out inputs a model may write to (in place: `x += 1`); one read
+            # from a request body is a read-only view, copied once here, on first use.
+            array = self._array = array.copy()
+        return array
 
     def triton_dtype(self) -> int:
         return _type_code(self._datatype)
@@ -428,7 +439,7 @@ class Tensor:
         datatype = _datatype_of_array(array)
         if datatype is None or datatype == "BYTES":
             raise TritonModelException(f"DLPack dtype {array.dtype} is not supported.")
-        return Tensor._wrap(name, datatype, array)
+        return Tensor._wrap(name, datatype, array, borrowed=False)
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()})"
@@ -477,6 +488,14 @@ def _parameters_json(parameters: dict | None) -> str:
     return json.dumps(parameters)
 
 
+def _std_string(value: Any) -> Any:
+    """A std::string argument as pybind11 takes it: bytes (say an element of a BYTES input's
+    as_numpy(), as Triton's BLS example passes a model name) count as their UTF-8 text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
 class InferenceRequest:
     """An inference request as a model sees it.
 
@@ -495,11 +514,11 @@ class InferenceRequest:
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         self._preferred_memory = preferred_memory or PreferredMemory()
-        self._request_id = request_id
+        self._request_id = _std_string(request_id)
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
-        self._requested_output_names = list(requested_output_names)
-        self._model_name = model_name
+        self._requested_output_names = [_std_string(n) for n in requested_output_names]
+        self._model_name = _std_string(model_name)
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -948,62 +967,162 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
         raise _instance_failure("Failed to check model readiness", exc.message) from None
 
 
-# --- custom metrics (kept in process, not exported) ------------------------------------------
+# --- custom metrics ---------------------------------------------------------------------------
+# Triton keeps custom metrics in the server's one Prometheus registry: a family is named once and
+# for the server's life (a second MetricFamily of that name and kind is the same family, its
+# first description kept; of another kind it is an error), and Metric objects of one family with
+# the same labels share one value, exported while a Metric object refers to it. A Metric does not
+# keep its MetricFamily object alive: once that is gone, the metric is cleared (Triton's stub).
+# host.backends.python.custom_metrics exports them.
+
+_METRICS_LOCK = threading.Lock()
+_CLEARED = ("Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+            "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+            "been deleted.")
+
+
+class _Family:
+    """One named family of the registry; its values live while a Metric object refers to them."""
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self.name, self.description, self.kind = name, description, kind
+        self.cells: weakref.WeakValueDictionary[tuple, _Cell] = weakref.WeakValueDictionary()
+
+
+class _Cell:
+    """The value Metric objects of one family and label set share."""
+
+    def __init__(self, labels: dict, buckets: list[float] | None) -> None:
+        self.labels, self.buckets = labels, buckets
+        self.value = 0.0
+        self.sum = 0.0
+        self.counts: Any = [0] * (len(buckets) + 1) if buckets is not None else None
+
+
+_FAMILIES: dict[str, _Family] = {}  # never forgotten, as Triton's registry
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")  # prometheus-cpp's checks
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def _custom_metric_families() -> list[tuple[str, str, int, list[tuple[dict, Any]]]]:
+    """(name, description, kind, [(labels, (value, sum, buckets, counts))]) of every family with
+    a live metric, in creation order; a histogram's counts are per bucket (not cumulative)."""
+    with _METRICS_LOCK:
+        out = []
+        for f in _FAMILIES.values():
+            cells = [(c.labels, (c.value, c.sum, c.buckets, list(c.counts) if c.counts else None))
+                     for c in list(f.cells.values())]
+            if cells:  # prometheus-cpp skips a family without metrics
+                out.append((f.name, f.description, f.kind, cells))
+        return out
+
 
 class MetricFamily:
-    """A custom metric family; its metrics keep their values but are not exported yet."""
+    """A custom metric family, exported on /metrics (Triton's TRITONSERVER_MetricFamilyNew)."""
 
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
-            raise TritonModelException(f"invalid metric kind {kind!r}")
+            raise TypeError(  # pybind11's words: kind is a MetricKind
+                "__init__(): incompatible constructor arguments. The following argument types are "
+                "supported:\n    1. c_python_backend_utils.MetricFamily(name: str, description: "
+                "str, kind: c_python_backend_utils.MetricKind)\n")
+        if not _METRIC_NAME.match(name) or name.startswith("__"):
+            raise _instance_failure("Error when creating MetricFamily", "Invalid metric name")
         self.name, self.description, self.kind = name, description, kind
-        self._lock = threading.Lock()
+        with _METRICS_LOCK:
+            family = _FAMILIES.get(name)
+            if family is None:
+                family = _FAMILIES[name] = _Family(name, description, kind)
+            elif family.kind != kind:
+                raise _instance_failure("Error when creating MetricFamily",
+                                        "Family name already exists with different type")
+        self._family = family
 
-    def Metric(self, labels: dict | None = None, buckets: Iterable[float] | None = None) -> Metric:  # noqa: N802
-        if self.kind == self.HISTOGRAM and buckets is None:
-            raise TritonModelException("Missing required buckets for histogram metrics.")
-        if self.kind != self.HISTOGRAM and buckets is not None:
-            raise TritonModelException("Unexpected buckets found, only histogram metrics have buckets.")
-        return Metric(self, dict(labels or {}), None if buckets is None else sorted(buckets))
+    def Metric(self, labels: dict | None = None, buckets: Any = None) -> Metric:  # noqa: N802
+        # The stub's checks, then the core's (prometheus-cpp Family::Add) in Triton's words.
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self.kind != self.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            buckets = [float(b) for b in buckets]
+        elif self.kind == self.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        labels = json.loads(json.dumps(labels or {}))  # as the stub sends them (keys as text)
+        for label, value in labels.items():
+            if not isinstance(value, str):
+                raise _instance_failure("Error when creating Metric",
+                                        "attempt to access JSON non-string as string")
+            if not _LABEL_NAME.match(label) or label.startswith("__"):
+                raise _instance_failure("Error when creating Metric", "Invalid label name")
+        key = tuple(sorted(labels.items()))
+        with _METRICS_LOCK:
+            cell = self._family.cells.get(key)
+            if cell is None:  # the same labels again: the same value (prometheus Family::Add)
+                if buckets is not None and any(x >= y for x, y in zip(buckets, buckets[1:])):
+                    raise _instance_failure("Error when creating Metric",
+                                            "Bucket Boundaries must be strictly sorted")
+                cell = _Cell(labels, buckets)
+                self._family.cells[key] = cell
+        metric = Metric(self.kind, labels, cell)
+        self._metrics.add(metric)
+        return metric
+
+    def __del__(self) -> None:
+        for metric in list(getattr(self, "_metrics", ())):
+            metric._cell = None  # cleared: its value goes when no other Metric refers to it
+
+
+_KIND_NAMES = {MetricFamily.COUNTER: "TRITONSERVER_METRIC_KIND_COUNTER",
+               MetricFamily.GAUGE: "TRITONSERVER_METRIC_KIND_GAUGE",
+               MetricFamily.HISTOGRAM: "TRITONSERVER_METRIC_KIND_HISTOGRAM"}
 
 
 class Metric:
-    def __init__(self, family: MetricFamily, labels: dict, buckets: list[float] | None) -> None:
-        self._family, self.labels = family, labels
-        self.buckets: Any = buckets  # a sorted list for a histogram, else None
-        self._value = 0.0
-        self._sum = 0.0
-        self._counts: Any = [0] * (len(buckets) + 1) if buckets is not None else None
+    def __init__(self, kind: int, labels: dict, cell: _Cell) -> None:
+        self._kind, self.labels = kind, labels
+        self._cell: _Cell | None = cell
+        self.buckets: Any = cell.buckets  # a sorted list for a histogram, else None
+
+    def _live(self, operation: str, supported: tuple[int, ...], verb: str) -> _Cell:
+        """The metric's value cell, or Triton's error: cleared (the stub's check), then the
+        core's refusal of `verb` for this kind."""
+        cell = self._cell
+        if cell is None:
+            raise TritonModelException(f"Failed to {operation} metric value: {_CLEARED}")
+        if self._kind not in supported:
+            raise _instance_failure(f"Failed to {operation} metric value",
+                                    f"{_KIND_NAMES[self._kind]} does not support {verb}")
+        return cell
 
     def increment(self, value: float) -> None:
-        if self._family.kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("Incrementing a histogram metric is not supported.")
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("TritonServerMetricIncrement(): counters can only be "
-                                       "incremented by non-negative values")
-        with self._family._lock:
-            self._value += value
+        cell = self._live("increment", (MetricFamily.COUNTER, MetricFamily.GAUGE), "Increment")
+        if self._kind == MetricFamily.COUNTER and value < 0:
+            raise _instance_failure(
+                "Failed to increment metric value",
+                "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by "
+                "non-negative values.")
+        with _METRICS_LOCK:
+            cell.value += value
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
-            raise TritonModelException("Only gauge metrics can be set.")
-        with self._family._lock:
-            self._value = float(value)
+        cell = self._live("set", (MetricFamily.GAUGE,), "Set")
+        with _METRICS_LOCK:
+            cell.value = float(value)
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("Only histogram metrics can be observed.")
-        with self._family._lock:
-            self._sum += value
-            self._value += 1
-            i = next((i for i, b in enumerate(self.buckets) if value <= b), len(self.buckets))
-            self._counts[i] += 1
+        cell = self._live("observe", (MetricFamily.HISTOGRAM,), "Observe")
+        bounds: list[float] = cell.buckets or []
+        with _METRICS_LOCK:
+            cell.sum += value
+            cell.value += 1
+            i = next((i for i, b in enumerate(bounds) if value <= b), len(bounds))
+            cell.counts[i] += 1
 
     def value(self) -> float:
-        if self._family.kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("Getting the value of a histogram metric is not supported.")
-        return self._value
+        return self._live("get", (MetricFamily.COUNTER, MetricFamily.GAUGE), "Value").value
