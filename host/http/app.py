@@ -55,10 +55,12 @@ class _Resource:
     def body(self, req: falcon.Request) -> bytes:
         return self.env_body(req.env)
 
-    def env_body(self, env: dict[str, Any]) -> bytes:
-        """The request body from the WSGI environ, size-limited and decompressed."""
+    def env_body(self, env: dict[str, Any], json_only: bool = False) -> bytes:
+        """The request body from the WSGI environ, size-limited and decompressed. `json_only`:
+        a body that is JSON whatever its headers say (generate ignores the header length)."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        kind = "body" if "HTTP_INFERENCE_HEADER_CONTENT_LENGTH" in env else "JSON"
+        header = None if json_only else env.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
+        kind = "JSON" if header is None else "raw" if header.strip() == "0" else "body"
         return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
                                  self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind)
 
@@ -221,9 +223,13 @@ def _content_length(env: dict[str, Any]) -> int | None:
 class Generate(_Resource):
     def _request(self, req: falcon.Request, model: str, version: str) -> InferenceRequest:
         version = _version(version)
-        doc = self.json_body(req)
+        data = self.env_body(req.env, json_only=True)
+        doc = codec.load_json(data) if data else {}
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError("the request JSON must be an object")
         metadata = self.host.model_metadata(model, version)
-        return generate.decode_generate_request(doc, metadata, model, validation.parse_version(version))
+        return generate.decode_generate_request(doc, metadata, model, validation.parse_version(version),
+                                                raw=data)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
         request = self._request(req, model, version)

@@ -51,6 +51,8 @@ EVICTABLE_BODY_RATE = 64 * 1024
 # environ key: a callable that says whether the client has closed its connection (under another
 # WSGI server it is absent: handlers treat that as "still there")
 CLIENT_GONE = "modelhost.client_gone"
+_CLOSE_AFTER = "modelhost.close_after"  # environ key: close the connection after this request
+_CL_WITH_TE = "Content-Length with Transfer-Encoding"  # gunicorn_h1c's ParseError text
 _RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -259,6 +261,22 @@ class _Connection:
         line, self.pending = self.pending.split(b"\r\n", 1)
         return line
 
+    def _parse_chunked_over_length(self, data: bytes) -> tuple[dict, int]:
+        """A head with both Content-Length and Transfer-Encoding: as Triton (libevent) and RFC
+        9112 section 6.3 say, Transfer-Encoding wins; the connection closes after the answer
+        (RFC 9112 6.1), so a body framed two ways cannot smuggle a second request."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            raise _BadRequest(_CL_WITH_TE)
+        lines = data[:end].split(b"\r\n")
+        kept = [line for line in lines if not line.lower().startswith(b"content-length:")]
+        try:
+            env, _ = self.parse(b"\r\n".join(kept) + b"\r\n\r\n", self.server_addr, self.client_addr)
+        except (IncompleteError, ParseError) as exc:
+            raise _BadRequest(str(exc) or type(exc).__name__) from None
+        env[_CLOSE_AFTER] = True
+        return env, end + 4
+
     def read_environ(self) -> dict | None:
         """The next request's environ, or None when the client closed between requests.
 
@@ -275,7 +293,10 @@ class _Connection:
                     if len(data) > MAX_HEADER_BYTES:
                         raise _BadRequest("request headers too large") from None
                 except ParseError as exc:
-                    raise _BadRequest(str(exc) or type(exc).__name__) from None
+                    if str(exc) != _CL_WITH_TE:
+                        raise _BadRequest(str(exc) or type(exc).__name__) from None
+                    env, consumed = self._parse_chunked_over_length(data)
+                    break
             try:
                 chunk = self.sock.recv(_RECV)
             except OSError:
@@ -515,6 +536,8 @@ class HTTPServer:
         http11 = env["SERVER_PROTOCOL"] == "HTTP/1.1"
         connection = env.get("HTTP_CONNECTION", "").lower()
         keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
+        if env.pop(_CLOSE_AFTER, False):
+            keep_alive = False
         coding = env.get("HTTP_TRANSFER_ENCODING")
         chunked = coding is not None
         if coding is not None:  # chunked
