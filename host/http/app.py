@@ -122,14 +122,21 @@ class Infer(_Resource):
     def answer(self, env: dict[str, Any], model: str, version: str) -> tuple[list[tuple[str, str]], bytes]:
         """Headers and body of the answer to one infer request (the falcon responder and the
         fast path both call this, so the rules live here once)."""
-        data = self.env_body(env)
-        header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
-        request, fmt = codec.decode_infer_request(data, header_length, model,
-                                                  validation.parse_version(version))
-        if self.forward is not None:
-            self.forward.apply(request, wsgi_headers(env))
-        response = self.host.infer(request)
-        out, json_length = codec.encode_infer_response(response, fmt, request.id)
+        request = None
+        try:
+            data = self.env_body(env)
+            header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
+            request, fmt = codec.decode_infer_request(data, header_length, model,
+                                                      validation.parse_version(version))
+            if self.forward is not None:
+                self.forward.apply(request, wsgi_headers(env))
+            response = self.host.infer(request)
+            out, json_length = codec.encode_infer_response(response, fmt, request.id)
+        except HostError as ex:  # Triton's verbose line for a failed infer request
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("[request id: %s] Infer failed: %s",
+                          (request.id if request is not None else "") or "<id_unknown>", ex.message)
+            raise
         if json_length is None:
             headers = [("Content-Type", JSON)]
         else:
