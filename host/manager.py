@@ -309,7 +309,7 @@ class ModelManager:
                 try:
                     base = self._base_config(entry, config_json)
                     versions = repository.select_versions(
-                        base.version_policy, repository.versions_on_disk(entry.location.path))
+                        base.version_policy, repository.versions_on_disk(entry.location.path, warn=False))
                 except HostError as exc:  # Triton reads the folder and config when it polls
                     raise poll_failure(exc) from None
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
@@ -351,8 +351,9 @@ class ModelManager:
                     f"model '{entry.name}' names no backend or platform and none can be inferred "
                     f"from its files")
         config_mod.default_policy(cfg)
-        if not repository.versions_on_disk(entry.location.path):
-            raise InvalidArgumentError(f"model '{entry.name}' has no version folder")
+        if not repository.versions_on_disk(entry.location.path):  # Triton's text
+            raise InvalidArgumentError(
+                f"at least one version must be available under the version policy of model '{entry.name}'")
         return cfg
 
     def _load_versions(self, entry: ModelEntry, base: model_config_pb2.ModelConfig,
