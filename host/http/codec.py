@@ -114,15 +114,15 @@ _BLANK = re.compile(r"[ \t\n\r]*")
 def _load_nested(text: str) -> Any:
     """JSON text of any nesting depth, parsed with an explicit stack (Python's json and orjson
     recurse); scalars and keys are read by Python's json scanner."""
-    scan = _DECODER.scan_once
-    blank = _BLANK.match
+    scan = _DECODER.scan_once  # type: ignore[attr-defined]
+    blank = _skip_blank
     stack: list[Any] = []  # open lists and dicts
     keys: list[str] = []  # for each open dict, the key of the value being read
-    pos = blank(text, 0).end()
+    pos = blank(text, 0)
     while True:
         ch = text[pos:pos + 1]
         if ch == "[" or ch == "{":  # open a container; an empty one is a value at once
-            pos = blank(text, pos + 1).end()
+            pos = blank(text, pos + 1)
             if text[pos:pos + 1] == ("]" if ch == "[" else "}"):
                 value: Any = [] if ch == "[" else {}
                 pos += 1
@@ -138,7 +138,7 @@ def _load_nested(text: str) -> Any:
                 raise ValueError(f"expecting a value at character {pos}") from None
         while True:  # place the value, then read what follows it
             if not stack:
-                if blank(text, pos).end() != len(text):
+                if blank(text, pos) != len(text):
                     raise ValueError(f"extra data at character {pos}")
                 return value
             top = stack[-1]
@@ -146,10 +146,10 @@ def _load_nested(text: str) -> Any:
                 top.append(value)
             else:
                 top[keys.pop()] = value
-            pos = blank(text, pos).end()
+            pos = blank(text, pos)
             ch = text[pos:pos + 1]
             if ch == ",":
-                pos = blank(text, pos + 1).end()
+                pos = blank(text, pos + 1)
                 if type(top) is dict:
                     pos = _key(text, pos, keys)
                 break
@@ -164,11 +164,17 @@ def _key(text: str, pos: int, keys: list[str]) -> int:
     if text[pos:pos + 1] != '"':
         raise ValueError(f"expecting a property name at character {pos}")
     key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
-    pos = _BLANK.match(text, pos).end()
+    pos = _skip_blank(text, pos)
     if text[pos:pos + 1] != ":":
         raise ValueError(f"expecting ':' at character {pos}")
     keys.append(key)
-    return _BLANK.match(text, pos + 1).end()
+    return _skip_blank(text, pos + 1)
+
+
+def _skip_blank(text: str, pos: int) -> int:
+    """The position of the first character at or after `pos` that is not JSON whitespace."""
+    match = _BLANK.match(text, pos)
+    return match.end() if match is not None else pos
 
 
 # A JSON string (kept as it is), or a bare Inf / -Inf / -NaN that Python's json does not know.
