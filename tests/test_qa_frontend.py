@@ -193,6 +193,16 @@ def test_json_data_type_texts(server, datatype, model, data, text):
     assert response.status_code == 400 and _error(response) == text
 
 
+@pytest.mark.parametrize("values, text", [
+    ([1.0] * 15, "Failed to parse 'data' field: shape does not match true shape"),
+    ([1.0] * 18, "Unable to parse 'data': Shape does not match true shape of 'data' field"),
+])  # fmt: skip
+def test_data_that_does_not_fill_the_shape(server, values, text):
+    """L0_http/test.sh greps the whole answer: `{"error":"<text>"}`."""
+    response = _post(server, "/v2/models/ident_fp32/infer", json=_fp32_request(values, [1, 16]))
+    assert response.status_code == 400 and response.text == json.dumps({"error": text}, separators=(",", ":"))
+
+
 def test_output_keeps_the_datatype_the_model_gave(server):
     result = httpclient.InferenceServerClient(server.url).infer("loose", [])
     assert result.get_response()["outputs"][0]["datatype"] == "FP64"
