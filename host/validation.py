@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from host import datatypes
-from host.errors import HostError, InternalError, InvalidArgumentError
+from host.errors import InternalError, InvalidArgumentError
 from host.proto import model_config_pb2
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def _names(names) -> str:
 
 _TEXTS: dict[str, dict[str, str]] = {
     "negative_dim": {
-        # TritonJson's text; Triton's HTTP front end answers it as an internal error (500)
+        # TritonJson's text (Triton answers it with 500; a 400 here)
         "http": "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer",
         "grpc": "invalid shape {shape} for input '{name}' for model '{model}': dimensions must not be "
                 "negative",
@@ -214,12 +214,11 @@ def check_datatype(name: str, datatype: str) -> None:
         raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
 
 
-def shape_error(name: str, shape: object, model: str, protocol: str) -> HostError:
-    """The error for a shape that is not a list of non-negative integers. Over HTTP Triton reads
-    each dimension with TritonJson's AsUInt and answers its failure with 500, as its QA test
-    (L0_http test_negative_dimensions) expects: an InternalError there."""
-    error = _error("negative_dim", protocol, name=name, shape=shape, model=model)
-    return InternalError(str(error)) if protocol == "http" else error
+def shape_error(name: str, shape: object, model: str, protocol: str) -> InvalidArgumentError:
+    """The error for a shape that is not a list of non-negative integers. Over HTTP the text is
+    TritonJson's (Triton reads each dimension with AsUInt); Triton answers it with 500, and its
+    L0_http test_negative_dimensions expects that 500, but bad input is a 400 here."""
+    return _error("negative_dim", protocol, name=name, shape=shape, model=model)
 
 
 # Whether a protocol's shape-limit messages name the model (host.datatypes.check_shape).

@@ -320,11 +320,11 @@ MALFORMED = [
      "invalid datatype 'INT31' for input 'IN'"),
     ("no_shape", _json_request({k: v for k, v in INT_IN.items() if k != "shape"}), None,
      InvalidArgumentError, "Unable to parse 'shape': attempt to access non-existing object member 'shape'"),
-    # Triton (TritonJson's AsUInt) answers these with 500: its L0_http test_negative_dimensions
-    ("negative_shape", _json_request({**INT_IN, "shape": [-1, 2]}), None, InternalError,
+    # TritonJson's text (Triton answers with 500: its L0_http test_negative_dimensions; a 400 here)
+    ("negative_shape", _json_request({**INT_IN, "shape": [-1, 2]}), None, InvalidArgumentError,
      "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
-    ("float_shape", _json_request({**INT_IN, "shape": [2.0]}), None, InternalError, "Unable to parse 'shape'"),
-    ("bool_shape", _json_request({**INT_IN, "shape": [True]}), None, InternalError, "Unable to parse 'shape'"),
+    ("float_shape", _json_request({**INT_IN, "shape": [2.0]}), None, InvalidArgumentError, "Unable to parse 'shape'"),
+    ("bool_shape", _json_request({**INT_IN, "shape": [True]}), None, InvalidArgumentError, "Unable to parse 'shape'"),
     ("no_data", _json_request({k: v for k, v in INT_IN.items() if k != "data"}), None, InvalidArgumentError,
      "But no field is set"),
     ("data_and_binary", _json_request({**INT_IN, "parameters": {"binary_data_size": 8}}), None,
