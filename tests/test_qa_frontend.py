@@ -153,6 +153,34 @@ def test_both_framings_close_the_connection(server):
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 1
 
 
+def _chunked_raw_infer(server: ServerProcess, chunks: int) -> bytes:
+    head = (b"POST /v2/models/ident_fp32/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: 0\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        try:
+            sock.sendall(head + b"1\r\nA\r\n" * chunks + b"0\r\n\r\n")
+        except OSError:  # the server may answer and close before it has read everything
+            pass
+        answer = b""
+        try:
+            while part := sock.recv(65536):
+                answer += part
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def test_chunk_count_limit(server):
+    """L0_http/http_request_many_chunks.py: 65,536 non-empty chunks are read (here a raw input
+    of 65,536 bytes, 16,384 FP32 values), one more is refused with Triton's text."""
+    at_limit = _chunked_raw_infer(server, 1 << 16)
+    assert at_limit.startswith(b"HTTP/1.1 200 "), at_limit[:300]
+    over = _chunked_raw_infer(server, (1 << 16) + 1)
+    assert over.startswith(b"HTTP/1.1 400 ")
+    assert (b"Chunked request body exceeds maximum of 65536 non-empty chunks. Send fewer or larger "
+            b"HTTP chunks.") in over
+
+
 def test_negative_dimension_text(server):
     """Triton's text; Triton answers 500 (its test pins it), a client's mistake is a 400 here."""
     response = _post(server, "/v2/models/ident_fp32/infer", json=_fp32_request([1.0], [2, -5]))
