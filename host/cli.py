@@ -271,6 +271,8 @@ def _serve_parser(sub) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    if args.http_max_input_size <= 0:  # Triton's text (its L0_http test greps the log for it)
+        raise SystemExit("modelhost: Error: --http-max-input-size must be greater than 0.")
     return ServerOptions(
         model_repositories=args.repos or [Path("model_repository")],
         model_control_mode=args.model_control_mode,

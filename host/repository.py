@@ -5,6 +5,7 @@ Pure functions over the file system; the model manager decides what to load.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import Sequence
 from host.config.platforms import infer_backend  # noqa: F401 - the repository's API
 from host.config.versions import select_versions  # noqa: F401 - the repository's API
 from host.errors import NotFoundError
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ModelLocation:
@@ -44,14 +48,18 @@ def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str
     return found, errors
 
 
-def versions_on_disk(path: Path) -> list[int]:
-    """Numbered version folders of a model, ascending. As in Triton, folders that are not
-    numbers are ignored, and so are numbers written with leading zeros (`01`)."""
+def versions_on_disk(path: Path, warn: bool = True) -> list[int]:
+    """Numbered version folders of a model, ascending (folders that are not numbers are ignored,
+    and, as in Triton, numbers written with a leading zero: `01`, with a warning)."""
     out = []
     for entry in os.scandir(path):
-        name = entry.name
-        if entry.is_dir() and name.isascii() and name.isdigit() and (name == "0" or name[0] != "0"):
-            out.append(int(name))
+        if entry.is_dir() and entry.name.isascii() and entry.name.isdigit():
+            if len(entry.name) > 1 and entry.name.startswith("0"):
+                if warn:
+                    log.warning("ignore version directory '%s' which contains leading zeros in its "
+                                "directory name", entry.name)
+                continue
+            out.append(int(entry.name))
     return sorted(out)
 
 

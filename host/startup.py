@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import resource
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -90,17 +91,29 @@ def raise_file_limit() -> None:
         log.warning("could not raise the open-file limit: %s", exc)
 
 
+# How long a port in use may take to come free: a server killed just before (SIGKILL to its
+# master) lets go of its ports once its worker sees it is orphaned, a second or so later.
+# gunicorn waits the same way (5 tries, 1 s apart) before giving up on a port.
+PORT_WAIT_SECONDS = 5.0
+
+
 def check_port_free(name: str, address: str, port: int, flag: str) -> None:
-    """Bind the address and port the way the server will, and let go; StartupError when taken."""
+    """Bind the address and port the way the server will, and let go; StartupError when it
+    stays taken for PORT_WAIT_SECONDS."""
     if port == 0:
         return
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((address.strip("[]"), port))
-    except OSError as exc:
-        raise StartupError(port_error(name, address, port, flag, exc)) from None
+    deadline = time.monotonic() + PORT_WAIT_SECONDS
+    while True:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address.strip("[]"), port))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise StartupError(port_error(name, address, port, flag, exc)) from None
+        time.sleep(0.25)
 
 
 def port_error(name: str, address: str, port: int, flag: str, exc: BaseException) -> str:
@@ -163,10 +176,10 @@ def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
         log.warning("this modelhost was installed without its native bridge (no C compiler at "
                     "install): native Triton backends and caches (libtriton_*.so) cannot load. "
                     "Install gcc and Python's headers, then reinstall modelhost to have them")
-    # tables are logged as they are, not escaped (as Triton's: host.logsettings)
-    log.info("models:\n%s", table(("Model", "Version", "Status", "Reason"), rows) if rows else "  none",
-             extra={"raw": True})
-    log.info("endpoints:\n%s", table(("Endpoint", "Address"), listening), extra={"raw": True})
+    # tables are logged as Triton logs them: an empty first line, then the table as it is, not
+    # escaped (host.logsettings); no models is a table without rows (L0_logging log_format_test)
+    log.info("\n%s", table(("Model", "Version", "Status", "Reason"), rows), extra={"raw": True})
+    log.info("\n%s", table(("Endpoint", "Address"), listening), extra={"raw": True})
 
 
 def listening_rows(options: ServerOptions, grpc: Any, metrics: Any) -> list[tuple[str, str]]:

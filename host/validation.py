@@ -181,7 +181,8 @@ def _names(names) -> str:
 
 _TEXTS: dict[str, dict[str, str]] = {
     "negative_dim": {
-        "http": "Unable to parse 'shape' of input '{name}': expected an array of non-negative integers",
+        # TritonJson's text (Triton answers it with 500; a 400 here)
+        "http": "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer",
         "grpc": "invalid shape {shape} for input '{name}' for model '{model}': dimensions must not be "
                 "negative",
     },
@@ -214,7 +215,9 @@ def check_datatype(name: str, datatype: str) -> None:
 
 
 def shape_error(name: str, shape: object, model: str, protocol: str) -> InvalidArgumentError:
-    """The error for a shape that is not a list of non-negative integers."""
+    """The error for a shape that is not a list of non-negative integers. Over HTTP the text is
+    TritonJson's (Triton reads each dimension with AsUInt); Triton answers it with 500, and its
+    L0_http test_negative_dimensions expects that 500, but bad input is a 400 here."""
     return _error("negative_dim", protocol, name=name, shape=shape, model=model)
 
 

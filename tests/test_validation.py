@@ -11,7 +11,7 @@ from host.inference import Tensor
 
 
 @pytest.mark.parametrize("protocol, text", [
-    ("http", "Unable to parse 'shape' of input 'X': expected an array of non-negative integers"),
+    ("http", "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
     ("grpc", "invalid shape [2, -1] for input 'X' for model 'm': dimensions must not be negative"),
 ])
 def test_negative_dimension_per_protocol(protocol, text):

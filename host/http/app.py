@@ -55,10 +55,12 @@ class _Resource:
     def body(self, req: falcon.Request) -> bytes:
         return self.env_body(req.env)
 
-    def env_body(self, env: dict[str, Any]) -> bytes:
-        """The request body from the WSGI environ, size-limited and decompressed."""
+    def env_body(self, env: dict[str, Any], json_only: bool = False) -> bytes:
+        """The request body from the WSGI environ, size-limited and decompressed. `json_only`:
+        a body that is JSON whatever its headers say (generate ignores the header length)."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        kind = "body" if "HTTP_INFERENCE_HEADER_CONTENT_LENGTH" in env else "JSON"
+        header = None if json_only else env.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
+        kind = "JSON" if header is None else "raw" if header.strip() == "0" else "body"
         return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
                                  self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind)
 
@@ -120,14 +122,21 @@ class Infer(_Resource):
     def answer(self, env: dict[str, Any], model: str, version: str) -> tuple[list[tuple[str, str]], bytes]:
         """Headers and body of the answer to one infer request (the falcon responder and the
         fast path both call this, so the rules live here once)."""
-        data = self.env_body(env)
-        header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
-        request, fmt = codec.decode_infer_request(data, header_length, model,
-                                                  validation.parse_version(version))
-        if self.forward is not None:
-            self.forward.apply(request, wsgi_headers(env))
-        response = self.host.infer(request)
-        out, json_length = codec.encode_infer_response(response, fmt, request.id)
+        request = None
+        try:
+            data = self.env_body(env)
+            header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
+            request, fmt = codec.decode_infer_request(data, header_length, model,
+                                                      validation.parse_version(version))
+            if self.forward is not None:
+                self.forward.apply(request, wsgi_headers(env))
+            response = self.host.infer(request)
+            out, json_length = codec.encode_infer_response(response, fmt, request.id)
+        except HostError as ex:  # Triton's verbose line for a failed infer request
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("[request id: %s] Infer failed: %s",
+                          (request.id if request is not None else "") or "<id_unknown>", ex.message)
+            raise
         if json_length is None:
             headers = [("Content-Type", JSON)]
         else:
@@ -221,9 +230,13 @@ def _content_length(env: dict[str, Any]) -> int | None:
 class Generate(_Resource):
     def _request(self, req: falcon.Request, model: str, version: str) -> InferenceRequest:
         version = _version(version)
-        doc = self.json_body(req)
+        data = self.env_body(req.env, json_only=True)
+        doc = codec.load_json(data) if data else {}
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError("the request JSON must be an object")
         metadata = self.host.model_metadata(model, version)
-        return generate.decode_generate_request(doc, metadata, model, validation.parse_version(version))
+        return generate.decode_generate_request(doc, metadata, model, validation.parse_version(version),
+                                                raw=data)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, model: str, version: str = "") -> None:
         request = self._request(req, model, version)

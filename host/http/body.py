@@ -18,7 +18,12 @@ UNSUPPORTED_ENCODING = "Unsupported compression type"
 
 
 def too_large(size: int, limit: int, kind: str = "body") -> InvalidArgumentError:
-    """`kind`: "JSON" for a body that is all JSON (Triton's text then says "request JSON size")."""
+    """`kind`: "JSON" for a body that is all JSON (Triton's text then says "request JSON size"),
+    "raw" for a raw binary body (Inference-Header-Content-Length: 0, Triton's "Raw input")."""
+    if kind == "raw":
+        return InvalidArgumentError(
+            f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
+            f"{limit} bytes. {LIMIT_HINT}")
     return InvalidArgumentError(
         f"request {kind} size of {size} bytes exceeds the maximum allowed input size of {limit} "
         f"bytes. {LIMIT_HINT}")

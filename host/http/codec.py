@@ -29,7 +29,12 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 _INTEGER = frozenset(("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"))
 _NOT_IN_JSON = frozenset(("FP16", "BF16"))
-_EXPECTED = {"BOOL": "boolean (true/false)", "FP32": "number", "FP64": "number"}
+# TritonJson's texts for an element of the wrong JSON type (Triton: "Unable to parse 'data': ...")
+_WRONG_TYPE = {"BOOL": "non-boolean as boolean", "FP32": "non-number as double",
+               "FP64": "non-number as double"}
+_WRONG_TYPE.update({dt: "non-unsigned-integer as unsigned-integer" if dt.startswith("U")
+                    else "non-signed-integer as signed-integer" for dt in _INTEGER})
+BYTES_NOT_STRING = "Unable to parse JSON bytes array: attempt to access JSON non-string as string"
 _LIMITS = {dt: np.iinfo(datatypes.to_numpy(dt)) for dt in _INTEGER}
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -49,9 +54,9 @@ class OutputFormat:
 
 # orjson parses nested arrays and objects recursively and (3.8) overflows the C stack on a body
 # nested some 100,000 deep, killing the worker (60,000 still parse on an 8 MiB thread stack).
-# Bodies that may nest deeper than this go to Python's json instead, whose recursion limit turns
-# them into a RecursionError (a 400); shallower ones parse, so `data` nested past Triton's limit
-# gets Triton's own message (MAX_JSON_NESTING_DEPTH).
+# Bodies that may nest deeper than this go to `_load_nested`, which takes any depth as
+# rapidjson's iterative parser does; `data` nested past Triton's limit then gets Triton's own
+# message (MAX_JSON_NESTING_DEPTH), other members the text of whatever reads them.
 _ORJSON_MAX_NESTING = 10_000
 _SCAN_CHUNK = 1 << 20
 
@@ -77,12 +82,17 @@ def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
 
 def load_json(buf: bytes | memoryview) -> Any:
     if _may_nest_deeper(buf, _ORJSON_MAX_NESTING):
-        error: Exception = ValueError(f"nesting deeper than {_ORJSON_MAX_NESTING} levels")
-    else:
+        # As deep as rapidjson's iterative parser takes it: the caller then refuses what it
+        # finds there with its own text (Triton's L0_http test_repository_index_deeply_nested_json)
+        text = _RAPIDJSON_WORDS.sub(_python_word, bytes(buf).decode("utf-8", "surrogateescape"))
         try:
-            return orjson.loads(buf)
-        except orjson.JSONDecodeError as exc:
-            error = exc
+            return _load_nested(text)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    try:
+        return orjson.loads(buf)
+    except orjson.JSONDecodeError as exc:
+        error: Exception = exc
     # What orjson refuses but Triton's parser (rapidjson, kParseNanAndInfFlag, no encoding
     # validation) takes: NaN / Infinity / -Infinity, and strings holding bytes that are not
     # UTF-8 (kept byte for byte through `surrogateescape`; see `_utf8`).
@@ -91,12 +101,80 @@ def load_json(buf: bytes | memoryview) -> Any:
         return json.loads(text)
     except ValueError:
         pass
-    except RecursionError:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
     try:  # rapidjson's other spellings: Inf, -Inf, -NaN (outside strings only)
         return json.loads(_RAPIDJSON_WORDS.sub(_python_word, text))
-    except (ValueError, RecursionError):
+    except ValueError:
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
+
+
+_DECODER = json.JSONDecoder()
+_BLANK = re.compile(r"[ \t\n\r]*")
+
+
+def _load_nested(text: str) -> Any:
+    """JSON text of any nesting depth, parsed with an explicit stack (Python's json and orjson
+    recurse); scalars and keys are read by Python's json scanner."""
+    scan = _DECODER.scan_once  # type: ignore[attr-defined]
+    blank = _skip_blank
+    stack: list[Any] = []  # open lists and dicts
+    keys: list[str] = []  # for each open dict, the key of the value being read
+    pos = blank(text, 0)
+    while True:
+        ch = text[pos:pos + 1]
+        if ch == "[" or ch == "{":  # open a container; an empty one is a value at once
+            pos = blank(text, pos + 1)
+            if text[pos:pos + 1] == ("]" if ch == "[" else "}"):
+                value: Any = [] if ch == "[" else {}
+                pos += 1
+            else:
+                stack.append([] if ch == "[" else {})
+                if ch == "{":
+                    pos = _key(text, pos, keys)
+                continue
+        else:
+            try:
+                value, pos = scan(text, pos)
+            except StopIteration:
+                raise ValueError(f"expecting a value at character {pos}") from None
+        while True:  # place the value, then read what follows it
+            if not stack:
+                if blank(text, pos) != len(text):
+                    raise ValueError(f"extra data at character {pos}")
+                return value
+            top = stack[-1]
+            if type(top) is list:
+                top.append(value)
+            else:
+                top[keys.pop()] = value
+            pos = blank(text, pos)
+            ch = text[pos:pos + 1]
+            if ch == ",":
+                pos = blank(text, pos + 1)
+                if type(top) is dict:
+                    pos = _key(text, pos, keys)
+                break
+            if ch != ("]" if type(top) is list else "}"):
+                raise ValueError(f"expecting ',' or a closing bracket at character {pos}")
+            pos += 1
+            value = stack.pop()
+
+
+def _key(text: str, pos: int, keys: list[str]) -> int:
+    """Read `"key" :` at `pos` onto `keys`; the position of the value that follows."""
+    if text[pos:pos + 1] != '"':
+        raise ValueError(f"expecting a property name at character {pos}")
+    key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+    pos = _skip_blank(text, pos)
+    if text[pos:pos + 1] != ":":
+        raise ValueError(f"expecting ':' at character {pos}")
+    keys.append(key)
+    return _skip_blank(text, pos + 1)
+
+
+def _skip_blank(text: str, pos: int) -> int:
+    """The position of the first character at or after `pos` that is not JSON whitespace."""
+    match = _BLANK.match(text, pos)
+    return match.end() if match is not None else pos
 
 
 # A JSON string (kept as it is), or a bare Inf / -Inf / -NaN that Python's json does not know.
@@ -174,8 +252,7 @@ def json_values(name: str, datatype: str, data: list, what: str = "input") -> np
         items = []
         for value in _flatten(data):
             if type(value) is not str:
-                raise InvalidArgumentError(
-                    f"Unable to parse 'data' of {what} '{name}': BYTES elements must be strings")
+                raise InvalidArgumentError(BYTES_NOT_STRING)
             items.append(_utf8(value))
         return datatypes.bytes_array(items, (len(items),))
     if datatype in _NOT_IN_JSON:
@@ -202,10 +279,7 @@ def json_values(name: str, datatype: str, data: list, what: str = "input") -> np
     else:
         ok = kind in "iuf"
     if not ok:
-        expected = _EXPECTED.get(datatype, "integer")
-        raise InvalidArgumentError(
-            f"Unable to parse 'data' of {what} '{name}': expected {expected} values for "
-            f"datatype {datatype}")
+        raise _wrong_type(datatype)
     if datatype in _INTEGER:
         info = _LIMITS[datatype]
         if arr.min() < info.min or arr.max() > info.max:
@@ -215,11 +289,15 @@ def json_values(name: str, datatype: str, data: list, what: str = "input") -> np
     return arr.reshape(-1).astype(dtype, copy=False)
 
 
+def _wrong_type(datatype: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"Unable to parse 'data': attempt to access JSON {_WRONG_TYPE[datatype]}")
+
+
 def _big_integers(name: str, datatype: str, dtype: np.dtype, data: list, what: str) -> np.ndarray:
     flat = list(_flatten(data))
     if not all(type(v) is int for v in flat):
-        raise InvalidArgumentError(
-            f"Unable to parse 'data' of {what} '{name}': expected integer values for datatype {datatype}")
+        raise _wrong_type(datatype)
     try:
         return np.array(flat, dtype=dtype)
     except OverflowError:
@@ -234,6 +312,10 @@ def json_to_array(name: str, datatype: str, data: Any, shape: list[int]) -> np.n
     flat = json_values(name, datatype, data)
     count = datatypes.element_count(shape)
     if flat.size != count:
+        if datatype != "BYTES":  # Triton's texts (its L0_http test.sh greps for them)
+            raise InvalidArgumentError(
+                "Failed to parse 'data' field: shape does not match true shape" if flat.size < count
+                else "Unable to parse 'data': Shape does not match true shape of 'data' field")
         raise InvalidArgumentError(
             f"Unable to parse 'data' of input '{name}': shape {shape} needs {count} elements, "
             f"but 'data' holds {flat.size}")
@@ -330,7 +412,11 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
         raise InvalidArgumentError(f"Unable to parse 'datatype' of input '{name}': expected a string")
     validation.check_datatype(name, datatype)
     shape = item.get("shape")
-    if type(shape) is not list or not all(type(d) is int for d in shape):
+    if type(shape) is not list:  # TritonJson's texts
+        raise InvalidArgumentError("Unable to parse 'shape': attempt to access non-existing object member "
+                                   "'shape'" if shape is None else
+                                   "Unable to parse 'shape': attempt to access JSON non-array as array")
+    if not all(type(d) is int for d in shape):
         raise validation.shape_error(name, shape, model_name, "http")
     # JSON data: Triton's texts for a size that overflows int64 come before the shared limits.
     validation.check_shape(name, shape, model_name, "http",

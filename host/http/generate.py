@@ -12,6 +12,7 @@ BYTES as text).
 
 from __future__ import annotations
 
+import json
 import queue
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -80,8 +81,10 @@ def _tensor(name: str, value: Any, meta: dict[str, Any]) -> Tensor:
 
 
 def decode_generate_request(doc: Any, metadata: dict[str, Any], model_name: str,
-                            model_version: int = -1) -> InferenceRequest:
-    """A generate request object -> InferenceRequest, given the model's metadata."""
+                            model_version: int = -1, raw: bytes | None = None) -> InferenceRequest:
+    """A generate request object -> InferenceRequest, given the model's metadata. `raw`: the
+    request's JSON text, read again for a key given twice (Triton then refuses the second
+    input as any request naming an input twice)."""
     if not isinstance(doc, dict):
         raise InvalidArgumentError("the generate request JSON must be an object")
     inputs_meta = {m["name"]: m for m in metadata.get("inputs", ())}
@@ -90,25 +93,57 @@ def decode_generate_request(doc: Any, metadata: dict[str, Any], model_name: str,
         raise InvalidArgumentError("Unable to parse 'id': expected a string")
     inputs: dict[str, Tensor] = {}
     loose: dict[str, Any] = {}
-    for key, value in doc.items():
+    items = _members(doc, raw, inputs_meta)
+    for key, value in items:
         if key == "parameters":
             if "parameters" in inputs_meta:
                 raise InvalidArgumentError(
                     "Keyword 'parameters' for nested schema also given as input tensor name")
             if not isinstance(value, dict):
                 raise InvalidArgumentError("Expected JSON object for keyword: 'parameters'")
-            for pkey, pvalue in value.items():
-                if pkey in inputs_meta:
-                    inputs[pkey] = _tensor(pkey, pvalue, inputs_meta[pkey])
-                else:
-                    loose[pkey] = pvalue
+            try:  # Triton's prefix for what goes wrong inside the nested object
+                nested: dict[str, Any] = {}
+                for pkey, pvalue in value.items():
+                    if pkey in inputs_meta:
+                        _add_input(inputs, pkey, pvalue, inputs_meta[pkey], request_id)
+                    else:
+                        nested[pkey] = pvalue
+                loose.update(request_parameters(nested)[0])
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"Converting keyword: 'parameters': {exc.message}") from None
         elif key in inputs_meta:
-            inputs[key] = _tensor(key, value, inputs_meta[key])
+            _add_input(inputs, key, value, inputs_meta[key], request_id)
         elif key != "id":
-            loose[key] = value
-    parameters, _ = request_parameters(loose)
+            loose.update(request_parameters({key: value})[0])
     return InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
-                            inputs=inputs, parameters=parameters)
+                            inputs=inputs, parameters=loose)
+
+
+def _add_input(inputs: dict[str, Tensor], name: str, value: Any, meta: dict[str, Any],
+               request_id: str) -> None:
+    if name in inputs:
+        raise InvalidArgumentError(
+            f"[request id: {request_id or '<id_unknown>'}] input '{name}' already exists in request")
+    inputs[name] = _tensor(name, value, meta)
+
+
+def _members(doc: dict[str, Any], raw: bytes | None, inputs_meta: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The request object's members in order, a key given twice included (the parsed `doc`
+    keeps only its last value). The text is read again only when an input's quoted name
+    appears more than once in it."""
+    if raw is None or not any(raw.count(b'"%s"' % name.encode()) > 1 for name in inputs_meta):
+        return list(doc.items())
+    outer: list[list[tuple[str, Any]]] = []
+
+    def pairs(members: list[tuple[str, Any]]) -> dict[str, Any]:
+        outer[:] = [members]  # the outermost object is the last one to close
+        return dict(members)
+
+    try:
+        json.loads(raw.decode("utf-8", "surrogateescape"), object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return list(doc.items())
+    return outer[0] if outer else list(doc.items())
 
 
 def generate_response_dict(response: InferenceResponse, request_id: str = "") -> dict[str, Any]:

@@ -51,6 +51,9 @@ EVICTABLE_BODY_RATE = 64 * 1024
 # environ key: a callable that says whether the client has closed its connection (under another
 # WSGI server it is absent: handlers treat that as "still there")
 CLIENT_GONE = "modelhost.client_gone"
+_CLOSE_AFTER = "modelhost.close_after"  # environ key: close the connection after this request
+_CL_WITH_TE = "Content-Length with Transfer-Encoding"  # gunicorn_h1c's ParseError text
+MAX_CHUNKS = 1 << 16  # non-empty chunks in one chunked request body (Triton's kMaxChunkedChunks)
 _RECV = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 _SMALL_RESPONSE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -81,13 +84,14 @@ class _Body:
     """`wsgi.input`: the request body, read from the socket only when the app asks for it."""
 
     __slots__ = ("_conn", "_buf", "_remaining", "_chunked", "_done", "_continue", "failure",
-                 "_chunk_left", "_started", "_received")
+                 "_chunk_left", "_started", "_received", "_chunks")
 
     def __init__(self, conn: _Connection, length: int, chunked: bool, expect_continue: bool) -> None:
         self._conn = conn
         self._buf = b""  # body bytes already received, not yet given to the app (chunked only)
         self._remaining = length  # Content-Length bodies: bytes still to give
         self._chunk_left = 0  # chunked bodies: bytes of the current chunk not read yet
+        self._chunks = 0  # chunked bodies: non-empty chunks so far (at most MAX_CHUNKS)
         self._started = 0.0  # when the app first asked for the body
         self._received = 0
         self._chunked = chunked
@@ -122,9 +126,24 @@ class _Body:
 
     def _read_chunked(self, size: int | None) -> bytes:
         want = None if size is None or size < 0 else size
-        parts = [self._buf] if self._buf else []
-        have = len(self._buf)
+        # One growing buffer, not a list of parts: a body of 65,536 one-byte chunks would
+        # otherwise allocate half a MiB of list for 64 KiB of data (L0_http
+        # http_request_many_chunks checks the server's RSS stays flat under such bodies).
+        parts = bytearray(self._buf)
         self._buf = b""
+        try:
+            self._read_chunks(parts, want)
+        except BaseException:
+            parts.clear()  # the exception's traceback may keep this frame a while
+            raise
+        data = bytes(parts)
+        if want is not None and len(data) > want:
+            data, self._buf = data[:want], data[want:]
+        return data
+
+    def _read_chunks(self, parts: bytearray, want: int | None) -> None:
+        """Read chunks onto `parts` until it holds `want` bytes (None: to the body's end)."""
+        have = len(parts)
         while not self._done and (want is None or have < want):
             if not self._chunk_left:
                 size_text = self._conn.read_line(self).split(b";", 1)[0].rstrip(b" \t")
@@ -136,19 +155,19 @@ class _Body:
                         pass
                     self._done = True
                     break
+                self._chunks += 1
+                if self._chunks > MAX_CHUNKS:  # Triton's kMaxChunkedChunks, and its text
+                    raise _BadRequest(f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty "
+                                      "chunks. Send fewer or larger HTTP chunks.")
                 self._chunk_left = length
             # Only what the app asked for: a chunk that claims a terabyte is read (and refused
             # by the app's size limit) piece by piece, never held whole.
             n = self._chunk_left if want is None else min(self._chunk_left, want - have)
-            parts.append(self._conn.read_exact(n, self))
+            parts += self._conn.read_exact(n, self)
             self._chunk_left -= n
             have += n
             if not self._chunk_left and self._conn.read_exact(2) != b"\r\n":
                 raise _BadRequest("invalid chunk terminator")
-        data = b"".join(parts)
-        if want is not None and len(data) > want:
-            data, self._buf = data[:want], data[want:]
-        return data
 
     def slow_rate(self, now: float) -> float | None:
         """This body's average rate when it is still arriving, for a second at least, slower
@@ -259,6 +278,22 @@ class _Connection:
         line, self.pending = self.pending.split(b"\r\n", 1)
         return line
 
+    def _parse_chunked_over_length(self, data: bytes) -> tuple[dict, int]:
+        """A head with both Content-Length and Transfer-Encoding: as Triton (libevent) and RFC
+        9112 section 6.3 say, Transfer-Encoding wins; the connection closes after the answer
+        (RFC 9112 6.1), so a body framed two ways cannot smuggle a second request."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            raise _BadRequest(_CL_WITH_TE)
+        lines = data[:end].split(b"\r\n")
+        kept = [line for line in lines if not line.lower().startswith(b"content-length:")]
+        try:
+            env, _ = self.parse(b"\r\n".join(kept) + b"\r\n\r\n", self.server_addr, self.client_addr)
+        except (IncompleteError, ParseError) as exc:
+            raise _BadRequest(str(exc) or type(exc).__name__) from None
+        env[_CLOSE_AFTER] = True
+        return env, end + 4
+
     def read_environ(self) -> dict | None:
         """The next request's environ, or None when the client closed between requests.
 
@@ -275,7 +310,10 @@ class _Connection:
                     if len(data) > MAX_HEADER_BYTES:
                         raise _BadRequest("request headers too large") from None
                 except ParseError as exc:
-                    raise _BadRequest(str(exc) or type(exc).__name__) from None
+                    if str(exc) != _CL_WITH_TE:
+                        raise _BadRequest(str(exc) or type(exc).__name__) from None
+                    env, consumed = self._parse_chunked_over_length(data)
+                    break
             try:
                 chunk = self.sock.recv(_RECV)
             except OSError:
@@ -515,6 +553,8 @@ class HTTPServer:
         http11 = env["SERVER_PROTOCOL"] == "HTTP/1.1"
         connection = env.get("HTTP_CONNECTION", "").lower()
         keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
+        if env.pop(_CLOSE_AFTER, False):
+            keep_alive = False
         coding = env.get("HTTP_TRANSFER_ENCODING")
         chunked = coding is not None
         if coding is not None:  # chunked
@@ -547,10 +587,14 @@ class HTTPServer:
 
         result = self.app(env, start_response)
         if body.failure is not None:
+            failure, body.failure = body.failure, None
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-            raise body.failure
+            try:
+                raise failure
+            finally:  # no cycle (this frame -> failure -> its traceback -> this frame) to keep the
+                del failure  # connection and its buffers alive until the garbage collector runs
         try:
             keep_alive = self._respond(conn, env, state, result, http11, keep_alive and body.skippable())
         finally:
