@@ -302,14 +302,17 @@ class _Run:
                 self.inflight += len(ready)
             else:
                 ready = []
-            if emit is not None and not self.plan.decoupled:
+            finished = self.inflight == 0 and not self.done
+            if finished:
+                self.done = True
+            if emit is not None and (finished or not self.plan.decoupled):
+                # The last response carries the final flag (Triton's FinishEnsemble): a client
+                # of a decoupled ensemble that does not ask for empty final responses still
+                # learns that the request is complete.
                 self.result, emit = emit, None
             # Send under the lock, so that a decoupled ensemble's responses keep their order.
             if emit is not None:
                 self.request.respond(emit, False)
-            finished = self.inflight == 0 and not self.done
-            if finished:
-                self.done = True
         if ready:
             todo = _drivers.queues.get(self) if final else None
             if todo is not None:
@@ -377,7 +380,9 @@ class _Run:
         if self.error is not None:
             request.respond(InferenceResponse(error=self.error), True)
         else:
-            request.respond(self.result, True)  # None for a decoupled ensemble: flags only
+            # A decoupled ensemble's last response, or None (flags only) when its last step
+            # produced no response.
+            request.respond(self.result, True)
             mv.stats.output_done(1, request.batch_size, time.perf_counter_ns() - now)
 
 
