@@ -375,3 +375,80 @@ def test_unary_call_to_decoupled_ensemble_refused(http) -> None:
     with pytest.raises(InferenceServerException) as info:
         http.infer("qa_stream_free", [tensor])
     assert "doesn't support models with decoupled transaction policy" in str(info.value)
+
+
+# --- a non-decoupled model that sends several responses (L0_grpc_state_cleanup) ---------------
+
+@pytest.fixture(scope="module")
+def native_server(tmp_path_factory):
+    from host.native.testing import build_library, compiler
+
+    if compiler() is None:
+        pytest.skip("no C compiler to build the test backend")
+    root = tmp_path_factory.mktemp("qa_native")
+    source = Path(__file__).resolve().parent / "native" / "repeat.c"
+    folder = root / "models" / "repeat_not_decoupled"
+    (folder / "1").mkdir(parents=True)
+    # The native test backend sends one response per element of IN, then the final flag; this
+    # model does not declare itself decoupled.
+    build_library(source, folder / "1" / "libtriton_repeat.so")
+    (folder / "config.pbtxt").write_text('''backend: "repeat"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "IDX" data_type: TYPE_INT32 dims: [ 1 ] } ]''')
+    # A backend that takes a response factory and lets it go without answering.
+    silent = root / "silent.c"
+    silent.write_text('''#include "triton/core/tritonbackend.h"
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    TRITONBACKEND_ResponseFactory* factory;
+    TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]);
+    TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
+    TRITONBACKEND_ResponseFactoryDelete(factory);
+  }
+  return NULL;
+}
+''')
+    folder = root / "models" / "silent"
+    (folder / "1").mkdir(parents=True)
+    build_library(silent, folder / "1" / "libtriton_silent.so")
+    (folder / "config.pbtxt").write_text('''backend: "silent"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]''')
+    with serve(root / "models") as s:
+        yield s
+
+
+def test_stream_sends_the_first_of_several_non_decoupled_responses(native_server) -> None:
+    responses: queue.Queue = queue.Queue()
+    x = np.array([100, 101, 102, 103], dtype=np.int32)
+    tensor = grpcclient.InferInput("IN", [4], "INT32")
+    tensor.set_data_from_numpy(x)
+    with grpcclient.InferenceServerClient(native_server.grpc_url) as client:
+        client.start_stream(lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("repeat_not_decoupled", [tensor], request_id="0")
+        client.stop_stream()  # waits until the server ended the stream
+    got = []
+    while not responses.empty():
+        result, error = responses.get()
+        assert error is None, str(error)
+        got.append((result.as_numpy("OUT").tolist(), result.as_numpy("IDX").tolist()))
+    assert got == [([100], [0])]  # Triton's stream handler keeps the first response
+
+
+def test_non_decoupled_native_responses_after_execute(native_server) -> None:
+    # The repeat backend answers from a thread of its own after execute returned; Triton's
+    # repeat backend does so too when it is not decoupled (L0_decoupled's NonDecoupledTest).
+    x = np.array([7], dtype=np.int32)
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(x)
+    with httpclient.InferenceServerClient(native_server.url) as client:
+        result = client.infer("repeat_not_decoupled", [tensor])
+        assert result.as_numpy("OUT").tolist() == [7]
+        assert result.as_numpy("IDX").tolist() == [0]
+        # A backend that lets its response factory go unanswered: the request fails, it does
+        # not hang.
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("silent", [tensor])
+        assert "model 'silent' sent no response for the request" in str(info.value)
