@@ -92,6 +92,10 @@ class InferenceRequest:
     # its backend releases it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, and whether it did.
     rescheduler: Any = None
     rescheduled: bool = False
+    # A native backend took a response factory for this request: it may answer after its
+    # execute returned, as Triton lets any backend do (host.native fails the request if the
+    # backend lets go of it unanswered).
+    factory_held: bool = False
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -27,8 +27,26 @@ def parse_config_text(text: str, source: str) -> ModelConfig:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise InvalidArgumentError(f"failed to read text proto from {source}: {exc}") from None
+        raise InvalidArgumentError(
+            f"failed to read text proto from {source}: {_cpp_parse_error(str(exc))}") from None
     return config
+
+
+def _cpp_parse_error(message: str) -> str:
+    """Python's text-format integer errors in the words of the C++ parser Triton uses (its QA
+    greps them): `Expected integer, got: <token>` for a token that is no integer (a string, a
+    float, a minus sign before an unsigned field's value), `Integer out of range (<n>)`."""
+    found = re.search(r"Couldn't parse integer: (.*)$", message)
+    if found:
+        return f"{message[:found.start()]}Expected integer, got: {found.group(1)}"
+    found = re.search(r"Value out of range: (-?)(\d+)$", message)
+    if found:
+        sign, digits = found.groups()
+        # A negative value out of range below int32's limit can only be an unsigned field's.
+        text = "Expected integer, got: -" if sign and int(digits) <= 2**31 \
+            else f"Integer out of range ({digits})"
+        return message[:found.start()] + text
+    return message
 
 
 def load_config_file(model_dir: Path, custom_name: str = "") -> ModelConfig | None:

@@ -107,7 +107,10 @@ class Plan:
             for t in {t for _, t in s.inputs}:
                 consumers.setdefault(t, []).append(s)
         first = tuple(s for s in steps if all(t in self.inputs for _, t in s.inputs))
-        readers = {t: len(v) for t, v in consumers.items()}
+        readers: dict[str, int] = {}  # one per read: a step may map a tensor to two inputs
+        for s in steps:
+            for _, t in s.inputs:
+                readers[t] = readers.get(t, 0) + 1
         for t in wanted:
             readers[t] = readers.get(t, 0) + 1
         next_steps, writes_output = {}, {}

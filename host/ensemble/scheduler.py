@@ -78,9 +78,58 @@ class _Drivers(threading.local):
 _drivers = _Drivers()
 
 
+# How long a step waits for a slot under `max_inflight_requests` before it goes ahead anyway
+# (Triton's kMutexTimeoutSeconds), and how often a waiting step looks for a cancellation.
+LIMIT_WAIT_S = 300.0
+_CANCEL_POLL_S = 0.1
+
+
+class StepLimiter:
+    """`ensemble_scheduling.max_inflight_requests` for one step (Triton's
+    StepInflightRequestLimiter): at most `limit` requests of that step in flight at once, over
+    all the ensemble's requests. A step waits for a slot (so a decoupled producer faster than its
+    consumer is held back) unless its ensemble request is cancelled; after LIMIT_WAIT_S it goes
+    ahead, as Triton does, rather than deadlock."""
+
+    __slots__ = ("cond", "count", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.count = limit, 0
+        self.cond = threading.Condition()
+
+    def acquire(self, request: InferenceRequest, ensemble: str, step: int) -> None:
+        with self.cond:
+            if self.count >= self.limit:
+                deadline = time.monotonic() + LIMIT_WAIT_S
+                while self.count >= self.limit and not request.is_cancelled():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.error("[Internal Error] Ensemble '%s' unable to schedule step %d "
+                                  "(inflight: %d >= limit: %d) for %d seconds. Proceeding to "
+                                  "avoid deadlock.", ensemble, step, self.count, self.limit,
+                                  LIMIT_WAIT_S)
+                        break
+                    self.cond.wait(min(left, _CANCEL_POLL_S))
+            self.count += 1
+
+    def release(self) -> None:
+        with self.cond:
+            if self.count == 0:
+                log.error("[Internal Error] step inflight request limiter underflow")
+                return
+            self.count -= 1
+            self.cond.notify()
+
+
 class EnsembleScheduler:
     def __init__(self, mv: ModelVersion, plan: Plan, runner: StepRunner) -> None:
         self.mv, self.plan, self.runner = mv, plan, runner
+        limit = mv.config.ensemble_scheduling.max_inflight_requests
+        self.limiters: list[StepLimiter] | None = None
+        if limit > 0:
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d",
+                     plan.name, limit)  # Triton's line (its QA looks for it)
+            self.limiters = [StepLimiter(limit) for _ in plan.steps]
         # Every field of a step request at its default; a run sets those it takes from the
         # ensemble request, a step its model, inputs and outputs (all mutable defaults replaced).
         self.defaults = dict(StepRequest(model_name="").__dict__)
@@ -189,7 +238,17 @@ class _Run:
             request = self._new_request()
             request.model_name, request.model_version = step.model_name, mv.version
             request.inputs, request.outputs = inputs, step.requested
-            self.sched.runner.submit(mv, request, _StepCallback(self, step, key))
+            callback = _StepCallback(self, step, key)
+            limiters = self.sched.limiters
+            if limiters is not None:
+                limiter = limiters[step.index]
+                limiter.acquire(parent, self.plan.name, step.index)
+                callback.limiter = limiter  # released with the step's final response
+            try:
+                self.sched.runner.submit(mv, request, callback)
+            except BaseException:
+                callback.release()
+                raise
         except HostError as exc:
             self._step_response(step, key, 0, InferenceResponse(error=exc), True)
         except Exception as exc:  # never leave the ensemble request without its final response
@@ -243,14 +302,17 @@ class _Run:
                 self.inflight += len(ready)
             else:
                 ready = []
-            if emit is not None and not self.plan.decoupled:
+            finished = self.inflight == 0 and not self.done
+            if finished:
+                self.done = True
+            if emit is not None and (finished or not self.plan.decoupled):
+                # The last response carries the final flag (Triton's FinishEnsemble): a client
+                # of a decoupled ensemble that does not ask for empty final responses still
+                # learns that the request is complete.
                 self.result, emit = emit, None
             # Send under the lock, so that a decoupled ensemble's responses keep their order.
             if emit is not None:
                 self.request.respond(emit, False)
-            finished = self.inflight == 0 and not self.done
-            if finished:
-                self.done = True
         if ready:
             todo = _drivers.queues.get(self) if final else None
             if todo is not None:
@@ -292,6 +354,7 @@ class _Run:
         for name in outputs:
             value, batched = self._take(name, key)
             if value is None:
+                log.debug("Composing models did not output tensor %s", name)  # Triton's text
                 continue
             shape = value.shape if batched == plan.batching else \
                 _reshape(plan.output_dims[name], plan.batching, batched, value.shape)
@@ -317,22 +380,32 @@ class _Run:
         if self.error is not None:
             request.respond(InferenceResponse(error=self.error), True)
         else:
-            request.respond(self.result, True)  # None for a decoupled ensemble: flags only
+            # A decoupled ensemble's last response, or None (flags only) when its last step
+            # produced no response.
+            request.respond(self.result, True)
             mv.stats.output_done(1, request.batch_size, time.perf_counter_ns() - now)
 
 
 class _StepCallback:
     """A step request's callback; counts the responses of a decoupled step."""
 
-    __slots__ = ("index", "key", "run", "step")
+    __slots__ = ("index", "key", "limiter", "run", "step")
 
     def __init__(self, run: _Run, step: Step, key: Key) -> None:
         self.run, self.step, self.key, self.index = run, step, key, 0
+        self.limiter: StepLimiter | None = None  # the step's slot under max_inflight_requests
+
+    def release(self) -> None:
+        limiter, self.limiter = self.limiter, None
+        if limiter is not None:
+            limiter.release()
 
     def __call__(self, response: InferenceResponse | None, final: bool) -> None:
         index = self.index
         if response is not None and response.error is None:
             self.index += 1
+        if final and self.limiter is not None:
+            self.release()  # before the next steps are scheduled, as Triton
         self.run._step_response(self.step, self.key, index, response, final)
         if final:
             self.run = None  # type: ignore[assignment]  # free the run with the request

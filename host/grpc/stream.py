@@ -15,7 +15,8 @@ As Triton's stream handler (server repo, src/grpc/stream_infer_handler.cc):
   and version, `triton_final_response: true`) only when the request set
   `triton_enable_empty_final_response: true`;
 - the responses of non-decoupled requests go out in the order the requests came (a decoupled
-  model's responses go out as they come);
+  model's responses go out as they come); a non-decoupled model that sends several responses
+  for one request has its first one sent;
 - an error for one request is an `error_message` with that request's id; the stream stays open;
 - when the stream ends early (the client cancelled it or went away), every request of the
   stream still in flight is cancelled.
@@ -207,7 +208,9 @@ class Stream:
                 self.writer.send(message)
             return
         with self._lock:  # held while sending, so the slots go out in their order
-            if message is not None:
+            if message is not None and slot.message is None:
+                # A non-decoupled model that sends several responses: the first one goes out,
+                # as Triton's stream handler keeps it (its response queue holds one).
                 slot.message = message
             if not final:
                 return

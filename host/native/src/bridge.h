@@ -80,6 +80,7 @@ void mh_log(TRITONSERVER_LogLevel level, const char* file, int line, const char*
 typedef struct mh_pyref {
   atomic_int refs;
   PyObject* request;
+  atomic_bool factory; /* the backend took a response factory: it may answer after execute */
 } mh_pyref;
 void mh_pyref_unref(mh_pyref* ref);
 

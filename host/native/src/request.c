@@ -5,6 +5,7 @@
  * host's numpy array through the buffer protocol (BYTES tensors are serialized once into
  * Triton's length-prefixed form). Output buffers are allocated here and handed to the host
  * without a copy when the response is sent (host.native.bridge turns them into arrays). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ __thread mh_batch* mh_current_batch;
 static mh_pyref* pyref_new(PyObject* request) {
   mh_pyref* ref = malloc(sizeof(*ref));
   atomic_init(&ref->refs, 1);
+  atomic_init(&ref->factory, false);
   Py_INCREF(request);
   ref->request = request;
   return ref;
@@ -35,9 +37,36 @@ static mh_pyref* pyref_ref(mh_pyref* ref) {
   return ref;
 }
 
+static void call_deliver(PyObject* request, PyObject* outputs, PyObject* params,
+                         TRITONSERVER_Error* error, uint32_t flags);
+
+/* The backend let go of a request it took a response factory for (its last response, factory
+ * and the request itself are gone) without a final response: fail the request, as the host
+ * fails a non-decoupled request unanswered when execute returns, rather than leave it open.
+ * GIL held. */
+static void fail_if_unanswered(PyObject* request) {
+  PyObject* done = PyObject_GetAttrString(request, "completed");
+  int completed = done == NULL ? 1 : PyObject_IsTrue(done);
+  Py_XDECREF(done);
+  if (completed == 0) {
+    PyObject* name = PyObject_GetAttrString(request, "model_name");
+    const char* text = name != NULL ? PyUnicode_AsUTF8(name) : NULL;
+    char message[512];
+    snprintf(message, sizeof(message), "model '%s' sent no response for the request",
+             text != NULL ? text : "");
+    Py_XDECREF(name);
+    PyErr_Clear();
+    TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, message);
+    call_deliver(request, NULL, NULL, error, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+    TRITONSERVER_ErrorDelete(error);
+  }
+  PyErr_Clear();
+}
+
 void mh_pyref_unref(mh_pyref* ref) {
   if (atomic_fetch_sub(&ref->refs, 1) != 1) return;
   PyGILState_STATE gil = PyGILState_Ensure();
+  if (atomic_load(&ref->factory)) fail_if_unanswered(ref->request);
   Py_DECREF(ref->request);
   PyGILState_Release(gil);
   free(ref);
@@ -502,6 +531,13 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(
   f->py = pyref_ref(request->py);
   f->model = request->instance->model;
   *factory = f;
+  /* The backend may now answer after its execute returned, decoupled or not (Triton's repeat
+   * backend does): the host waits for it (host.scheduler.execute_batch). */
+  if (!atomic_exchange(&f->py->factory, true)) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (PyObject_SetAttrString(f->py->request, "factory_held", Py_True) != 0) PyErr_Clear();
+    PyGILState_Release(gil);
+  }
   return NULL;
 }
 
