@@ -231,6 +231,11 @@ class ServerApplication(BaseApplication):
             return self.grpc.failure
         return getattr(self.host, "failure", None) if self.engine is not None else None
 
+    def refuse_new_calls(self) -> None:
+        """The worker is stopping: the gRPC front end takes no new call (host.http.worker)."""
+        if self.grpc is not None:
+            self.grpc.refuse_new_calls()
+
     def _post_worker_init(self, worker: Any) -> None:
         _graceful_worker_sigint(worker)
         if self.engine is None:

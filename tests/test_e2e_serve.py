@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -78,6 +79,37 @@ def test_signal_lets_inflight_request_finish_then_finalizes(tmp_path, sig):
         t.join(30)
         assert result and result[0].tolist() == [1, 2, 3]
         assert (path / "finalized").read_text() == "done", "finalize() was not called"
+    finally:
+        server.kill()
+
+
+def test_a_stopping_server_refuses_new_grpc_calls_at_once(tmp_path):
+    """As Triton stops its endpoints together: once the server is asked to stop, gRPC takes no
+    new call, even while an HTTP request is still in flight (it then finishes)."""
+    path = write_identity(tmp_path, "slow")
+    server = ServerProcess(tmp_path, env={"SLOW_SECONDS": "5.0"}).start()
+    try:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc.is_server_live()
+        result: list[np.ndarray] = []
+        t = threading.Thread(target=lambda: result.append(infer(client, "slow", [4.0])))
+        t.start()
+        wait_until(lambda: (path / "finalized.started").exists(), timeout=20)  # in execute now
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+
+        def refused() -> bool:
+            try:
+                grpc.is_server_live(client_timeout=2)
+                return False
+            except InferenceServerException:
+                return True
+        wait_until(refused, timeout=20)
+        assert t.is_alive(), "the gRPC call was refused only once the HTTP request had finished"
+        t.join(30)
+        assert result and result[0].tolist() == [4.0]
+        assert server.process.wait(30) == 0
     finally:
         server.kill()
 

@@ -466,6 +466,7 @@ class GrpcServer:
         self._pollers = _Pollers(self._cq, max_threads)
         self._lock = threading.Lock()
         self._serving = False
+        self._refusing = False  # refuse_new_calls: the core takes no new call
         self._shutdown = threading.Event()
 
     def _start(self) -> None:
@@ -478,7 +479,7 @@ class GrpcServer:
 
     def _on_new_call(self, event: Any) -> None:
         with self._lock:  # never after shutdown
-            if self._serving:
+            if self._serving and not self._refusing:
                 self._server.request_call(self._cq, self._cq, self._on_new_call)
         if not event.success:
             return
@@ -510,6 +511,15 @@ class GrpcServer:
     def _on_shutdown(self, event: Any) -> None:
         self._shutdown.set()
 
+    def refuse_new_calls(self) -> None:
+        """Take no new call from now on; calls in flight go on (`stop` then waits for them).
+        A server asked to stop refuses new work at once, on every front end, as Triton does."""
+        with self._lock:
+            if not self._serving or self._refusing or self.failure:
+                return  # (a failed server is shut down by `stop` alone)
+            self._refusing = True
+            self._server.shutdown(self._cq, self._on_shutdown)
+
     def stop(self, grace: float | None = 5.0) -> None:
         """Refuse new calls, give in-flight ones `grace` seconds, then cancel the rest."""
         with self._lock:
@@ -522,7 +532,8 @@ class GrpcServer:
                 threading.Thread(target=_drain, args=(self._cq,), daemon=True,
                                  name="grpc-drain").start()
                 grace = 0
-            self._server.shutdown(self._cq, self._on_shutdown)
+            if not self._refusing:
+                self._server.shutdown(self._cq, self._on_shutdown)
         if not self._shutdown.wait(grace if grace is not None else 0):
             self._server.cancel_all_calls()
             self._shutdown.wait()

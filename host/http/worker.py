@@ -81,6 +81,7 @@ class ConnectionWorker(Worker):
                                         raw_headers=bool(getattr(options, "http_header_forward_pattern", "")))
         accept = threading.Thread(target=server.serve_forever, name="http-accept", daemon=True)
         accept.start()
+        self._woken = threading.Event()  # handle_exit: stop now, not at the next heartbeat
         parent = self.ppid
         beats = 0
         front_end_failure = getattr(self.app, "front_end_failure", lambda: None)
@@ -90,7 +91,7 @@ class ConnectionWorker(Worker):
                 self.log.info("parent changed, shutting down: %s", self)
                 break
             # self.timeout is half gunicorn's timeout (the arbiter's choice); 0: no timeout
-            accept.join(min(HEARTBEAT_SECONDS, self.timeout) if self.timeout else HEARTBEAT_SECONDS)
+            self._woken.wait(min(HEARTBEAT_SECONDS, self.timeout) if self.timeout else HEARTBEAT_SECONDS)
             beats += 1  # itertools.count is read by taking one (atomic): count those out
             if next(served) - beats > max_requests:
                 self.log.info("autorestarting worker after current request: %s", self)
@@ -104,7 +105,18 @@ class ConnectionWorker(Worker):
             if failure:
                 self.log.critical("%s; restarting the worker", failure)
                 break
+        # Every front end refuses new work at once (the gRPC one too, before the HTTP
+        # connections drain); what is in flight finishes.
+        refuse = getattr(self.app, "refuse_new_calls", None)
+        if refuse is not None:
+            refuse()
         server.shutdown(self.cfg.graceful_timeout)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        woken = getattr(self, "_woken", None)
+        if woken is not None:
+            woken.set()
 
 
 def _closing(app: Callable) -> Callable:
