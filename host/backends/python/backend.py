@@ -136,7 +136,8 @@ def model_file(spec: ModelSpec) -> Path:
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
     path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
-        raise NotFoundError(f"Python model file not found in '{path}'")
+        raise NotFoundError(
+            f"Failed to preinitialize Python stub: Python model file not found in '{path}'")
     if path.suffix != ".py":
         raise InvalidArgumentError(
             f"Model name must end with '.py'. Model name is \"{path.name}\".")
