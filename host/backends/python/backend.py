@@ -337,9 +337,18 @@ class _RequestState:
         self.pb_request = instance._wrap_request(request, self.sender)
 
     def fail(self, message: str) -> None:
-        """Send an error as the final response unless a final response went out already."""
+        """Send an error as the final response unless a final response went out already.
+
+        A non-decoupled request whose one response was sent (not final yet) keeps it: Triton
+        delivers that response when it is sent, and its front ends drop what comes after the
+        first response of such a request (the error response included)."""
         if self.sender._close():
-            self.sender._pending = None
+            pending, self.sender._pending = self.sender._pending, None
+            if pending is not None:
+                log.warning("request '%s' of model '%s' already has its response; dropped the "
+                            "error that followed: %s", self.request.id, self.instance.name, message)
+                self.request.respond(self.instance._convert(pending, self.request), True)
+                return
             self.request.respond(self.instance._error_response(InternalError(message), self.request), True)
 
 
@@ -504,6 +513,10 @@ class PythonInstance(Instance):
                 s.sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             elif s.pb_request._release_flags == reschedule:
                 continue  # it runs again (_reschedule)
+            elif s.sender._taken:
+                # As in Triton, the model may still answer with the sender it took (from another
+                # thread); a model that never does leaves the request waiting, as in Triton.
+                s.request.answered_later = True
             elif not s.sender._is_closed():
                 s.fail(f"Python model '{self.name}' returned no response for request "
                        f"'{s.request.id}' and did not send its final response with the response "

@@ -569,6 +569,7 @@ class InferenceRequest:
             raise TritonModelException(
                 "Unable to send response. Response sender has no reference to the decoupled "
                 "state of the model.")
+        self._sender._taken = True
         return self._sender
 
     def is_cancelled(self) -> bool:
@@ -654,6 +655,7 @@ class InferenceResponseSender:
         self._closed = False
         self._sent = 0
         self._pending: InferenceResponse | None = None  # non-decoupled: held until final
+        self._taken = False  # the model asked for it (request.get_response_sender())
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
