@@ -92,10 +92,10 @@ class InferenceRequest:
     # its backend releases it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, and whether it did.
     rescheduler: Any = None
     rescheduled: bool = False
-    # A non-decoupled request its backend will answer after execute returned (a python model
-    # that took the request's response sender, as Triton allows): not failed for lack of an
-    # answer when execute returns (host.scheduler).
-    answered_later: bool = False
+    # A native backend took a response factory for this request: it may answer after its
+    # execute returned, as Triton lets any backend do (host.native fails the request if the
+    # backend lets go of it unanswered).
+    factory_held: bool = False
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -99,10 +99,11 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
             for request, response in zip(requests, responses):
                 if not request.completed:
                     request.respond(response, True)
-    if not model.decoupled and not all(r.completed or r.rescheduled or r.answered_later
+    if not model.decoupled and not all(r.completed or r.rescheduled or r.factory_held
                                        for r in requests):
-        # Rescheduled ones run again (iterative sequences); answered_later ones are answered later.
-        _fail([r for r in requests if not r.rescheduled and not r.answered_later],
+        # Not those run again (iterative sequences), nor those a native backend may still
+        # answer through its response factory.
+        _fail([r for r in requests if not r.rescheduled and not r.factory_held],
               InternalError(f"model '{model.name}' sent no response for the request"))
     model.stats.output_done(counted, rows,
                             reported[2] if reported is not None else time.perf_counter_ns() - handing)

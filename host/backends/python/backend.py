@@ -514,9 +514,10 @@ class PythonInstance(Instance):
             elif s.pb_request._release_flags == reschedule:
                 continue  # it runs again (_reschedule)
             elif s.sender._taken:
-                # As in Triton, the model may still answer with the sender it took (from another
-                # thread); a model that never does leaves the request waiting, as in Triton.
-                s.request.answered_later = True
+                # As in Triton, the model may still answer with the sender it took (the request's
+                # response factory) from another thread; one that never does leaves the request
+                # waiting, as in Triton.
+                s.request.factory_held = True
             elif not s.sender._is_closed():
                 s.fail(f"Python model '{self.name}' returned no response for request "
                        f"'{s.request.id}' and did not send its final response with the response "
