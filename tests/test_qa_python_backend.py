@@ -12,11 +12,14 @@ them all, driven with tritonclient over HTTP and gRPC:
   model took the sender) reaches the client; a response sent before an exception is kept;
 - `await async_exec(decoupled=True)` comes back once the first response is there, so BLS calls
   gathered in one `async def execute` run at the same time (Triton's async_execute test);
-- a model folder without model.py: Triton's load error text.
+- a model folder without model.py: Triton's load error text;
+- a load with file overrides named 'file:/1/model.py' (a leading '/', as Triton's model-control
+  QA writes them) puts the file in the model's folder, as Triton's JoinPath does.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import textwrap
 from pathlib import Path
@@ -415,3 +418,16 @@ def test_a_model_without_model_py_fails_to_load_with_tritons_text(http):
     assert ("Failed to preinitialize Python stub: Python model file not found in '"
             in info.value.message())
     assert "no_model_file/1/model.py'" in info.value.message()
+
+
+def test_override_file_names_with_a_leading_slash_are_inside_the_model(server, http):
+    config = {"name": "slash_override", "backend": "python",
+              "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
+              "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1]}]}
+    code = textwrap.dedent(FAILS_ON_NEGATIVE_MODEL).encode()
+    http.load_model("slash_override", config=json.dumps(config),
+                    files={"file:/1/model.py": code})
+    x = np.array([2.5], dtype=np.float32)
+    result = http.infer("slash_override", [_fp32_input(httpclient, x)])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x)
+    http.unload_model("slash_override")
