@@ -27,7 +27,8 @@ def check_model_name(name: str) -> None:
     """Triton's ValidateModelName, run on every load."""
     if not name.strip():
         raise InvalidArgumentError("Model name cannot be empty. Please enter a valid name to deploy.")
-    if name.strip() == ".." or "/" in name or "\\" in name or "\x00" in name:
+    # Triton refuses ".." and "/" only; a NUL cannot be in a file name at all.
+    if name.strip() == ".." or "/" in name or "\x00" in name:
         raise InvalidArgumentError(
             f"invalid model name '{name}', model name must not contain path traversal characters")
 

@@ -431,3 +431,21 @@ def test_override_file_names_with_a_leading_slash_are_inside_the_model(server, h
     result = http.infer("slash_override", [_fp32_input(httpclient, x)])
     np.testing.assert_array_equal(result.as_numpy("OUT"), x)
     http.unload_model("slash_override")
+
+
+@pytest.mark.parametrize("name", ["model;test", "model$test", "model\\test", "model!test"])
+def test_python_model_names_with_shell_characters_are_refused(server, name):
+    """Triton's python backend refuses a stub name with any of ;|&$`<>()[]{}\\"'*?~#! (a
+    backslash is not a path traversal character for Triton's model-name check)."""
+    config = {"name": name, "backend": "python",
+              "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
+              "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1]}]}
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model(name, config=json.dumps(config),
+                              files={"file:1/model.py": textwrap.dedent(FAILS_ON_NEGATIVE_MODEL).encode()})
+        assert "Invalid stub name: contains invalid characters" in info.value.message()
+        assert not client.is_model_ready(name)
+    finally:
+        client.close()

@@ -144,6 +144,16 @@ def model_file(spec: ModelSpec) -> Path:
     return path
 
 
+# Triton's python backend (pb_utils.h INVALID_CHARS) refuses to start a stub whose name (the
+# model's for auto-complete, else the instance's) holds one of these: the name reaches a shell.
+_INVALID_STUB_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def check_stub_name(name: str) -> None:
+    if not name or not _INVALID_STUB_CHARS.isdisjoint(name):
+        raise InvalidArgumentError("Invalid stub name: contains invalid characters")
+
+
 def _sanitize(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
@@ -262,6 +272,7 @@ class PythonBackend(Backend):
         settings.check(self.config)  # --backend-config python,...
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
+        check_stub_name(spec.name)
         path = model_file(spec)
         ctx = pb_utils._ModelContext(spec.name, str(path.parent))
         try:
@@ -318,6 +329,7 @@ class PythonModel(Model):
         self.output_names = [o.name for o in cfg.output]
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
+        check_stub_name(spec.name)
         # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
         if settings.execution_mode(self.spec, self.backend_settings) == "process":
             from host.backends.python.process import ProcessInstance
