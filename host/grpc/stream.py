@@ -18,6 +18,10 @@ As Triton's stream handler (server repo, src/grpc/stream_infer_handler.cc):
   model's responses go out as they come); a non-decoupled model that sends several responses
   for one request has its first one sent;
 - an error for one request is an `error_message` with that request's id; the stream stays open;
+  except when the client opened the stream with the header `triton_grpc_error: true`: then the
+  first error response of a request ends the stream with that error's gRPC status and message,
+  and nothing more goes out on it (a request that cannot be submitted, e.g. to an unknown model,
+  is still answered with an `error_message`, as in Triton);
 - when the stream ends early (the client cancelled it or went away), every request of the
   stream still in flight is cancelled.
 """
@@ -31,6 +35,7 @@ from typing import Any, Protocol
 
 from host.errors import HostError, InternalError
 from host.grpc import codec
+from host.grpc.status import status_code
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.parameters import EMPTY_FINAL_RESPONSE
 
@@ -43,6 +48,9 @@ class Writer(Protocol):
 
     def finish(self) -> None:
         """Every request was answered and no more will come: end the call (status OK)."""
+
+    def fail(self, code: int, details: str) -> None:
+        """End the call with an error status (after what was queued); later sends are dropped."""
 
 
 class _Slot:
@@ -84,6 +92,9 @@ class Stream:
         self._closed = False
         self._order: collections.deque[_Slot] = collections.deque()
         self._last_sequenced: threading.Event | None = None  # see Ticket
+        # Triton's triton_grpc_error mode: the first error response ends the stream.
+        self._error_ends = any(key == "triton_grpc_error" and value == "true"
+                               for key, value in getattr(writer, "metadata", ()) or ())
 
     # --- from the transport --------------------------------------------------------------------
     def admit(self, msg: Any) -> Ticket | None:
@@ -185,6 +196,8 @@ class Stream:
                         out = codec.stream_error(getattr(exc, "message", str(exc)), rid, model,
                                                  version, final)
                 else:
+                    if self._error_ends:
+                        self._end_with(response.error)
                     out = codec.stream_error(response.error.message, rid, model, version, final)
             elif final:
                 if decoupled:
@@ -201,6 +214,17 @@ class Stream:
                 self._finished()
 
         return on_response
+
+    def _end_with(self, error: HostError) -> None:
+        """triton_grpc_error mode: end the call with the error's status; cancel what still runs."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            running = list(self._inflight.values())
+        self.writer.fail(status_code(error.code).value[0], error.message)
+        for request in running:
+            request.cancel()
 
     def _emit(self, slot: _Slot | None, message: Any, final: bool = True) -> None:
         if slot is None:

@@ -136,11 +136,22 @@ def model_file(spec: ModelSpec) -> Path:
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
     path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
-        raise NotFoundError(f"Python model file not found in '{path}'")
+        raise NotFoundError(
+            f"Failed to preinitialize Python stub: Python model file not found in '{path}'")
     if path.suffix != ".py":
         raise InvalidArgumentError(
             f"Model name must end with '.py'. Model name is \"{path.name}\".")
     return path
+
+
+# Triton's python backend (pb_utils.h INVALID_CHARS) refuses to start a stub whose name (the
+# model's for auto-complete, else the instance's) holds one of these: the name reaches a shell.
+_INVALID_STUB_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def check_stub_name(name: str) -> None:
+    if not name or not _INVALID_STUB_CHARS.isdisjoint(name):
+        raise InvalidArgumentError("Invalid stub name: contains invalid characters")
 
 
 def _sanitize(text: str) -> str:
@@ -267,6 +278,7 @@ class PythonBackend(Backend):
         settings.check(self.config)  # --backend-config python,...
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
+        check_stub_name(spec.name)
         path = model_file(spec)
         ctx = pb_utils._ModelContext(spec.name, str(path.parent))
         try:
@@ -319,6 +331,7 @@ class PythonModel(Model):
         self.output_names = [o.name for o in cfg.output]
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
+        check_stub_name(spec.name)
         # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
         if settings.execution_mode(self.spec, self.backend_settings) == "process":
             from host.backends.python.process import ProcessInstance
@@ -338,9 +351,18 @@ class _RequestState:
         self.pb_request = instance._wrap_request(request, self.sender)
 
     def fail(self, message: str) -> None:
-        """Send an error as the final response unless a final response went out already."""
+        """Send an error as the final response unless a final response went out already.
+
+        A non-decoupled request whose one response was sent (not final yet) keeps it: Triton
+        delivers that response when it is sent, and its front ends drop what comes after the
+        first response of such a request (the error response included)."""
         if self.sender._close():
-            self.sender._pending = None
+            pending, self.sender._pending = self.sender._pending, None
+            if pending is not None:
+                log.warning("request '%s' of model '%s' already has its response; dropped the "
+                            "error that followed: %s", self.request.id, self.instance.name, message)
+                self.request.respond(self.instance._convert(pending, self.request), True)
+                return
             self.request.respond(self.instance._error_response(InternalError(message), self.request), True)
 
 
@@ -505,6 +527,11 @@ class PythonInstance(Instance):
                 s.sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             elif s.pb_request._release_flags == reschedule:
                 continue  # it runs again (_reschedule)
+            elif s.sender._taken:
+                # As in Triton, the model may still answer with the sender it took (the request's
+                # response factory) from another thread; one that never does leaves the request
+                # waiting, as in Triton.
+                s.request.factory_held = True
             elif not s.sender._is_closed():
                 s.fail(f"Python model '{self.name}' returned no response for request "
                        f"'{s.request.id}' and did not send its final response with the response "

@@ -145,7 +145,12 @@ async def execute_async(call: pb.InferenceRequest, decoupled: bool = False) -> A
     def run() -> Any:
         token = bls.HELD.set(held)
         try:
-            return execute(call, decoupled)
+            result = execute(call, decoupled)
+            if isinstance(result, ResponseIterator):
+                # As Triton's: the iterator comes once the first response is there, so the
+                # caller's event loop never waits for it in the loop's own thread.
+                result._prefetch()
+            return result
         finally:
             bls.HELD.reset(token)  # pool threads are reused
 
@@ -185,6 +190,14 @@ class ResponseIterator:
         self._seen.append(_model_response(response))
         self._index += 1
         return self._seen[-1]
+
+    def _prefetch(self) -> None:
+        """Wait here for the next response and keep it for `__next__`."""
+        if not self._done and self._index >= len(self._seen):
+            assert self._call is not None
+            response, final = self._call.responses.get()
+            self._done = final
+            self._seen.append(_model_response(response))
 
     def cancel(self) -> None:
         """Ask the callee to stop (it sees `is_cancelled()`); its remaining responses still come."""

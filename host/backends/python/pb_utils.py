@@ -8,8 +8,8 @@ converts the responses a model returns or sends back into host responses.
 
 Differences from Triton (all documented in the backend's module docstring):
 
-- BF16 tensors: `as_numpy()` returns an `ml_dtypes.bfloat16` array instead of raising, and a
-  BF16 numpy array can be passed to `Tensor(...)`. `to_dlpack`/`from_dlpack` work for BF16 too.
+- BF16 tensors: `as_numpy()` raises as in Triton (use `to_dlpack`/`from_dlpack`), but an
+  `ml_dtypes.bfloat16` numpy array can be passed to `Tensor(...)` (Triton has no such array).
 - Tensors always live in CPU memory. `from_dlpack` of a GPU tensor copies it to the host when the
   object has a `.cpu()` method (torch), and raises otherwise.
 - BLS (`InferenceRequest(...).exec()` / `async_exec()`) and model control (`load_model`,
@@ -336,6 +336,10 @@ def _array_from_capsule(capsule: Any) -> np.ndarray:
 
 
 def _capsule_from_array(array: np.ndarray) -> Any:
+    if not array.flags.writeable:
+        # A request input over the read-only request body: numpy cannot signal read-only in a
+        # legacy (unversioned) capsule, which is what consumers such as torch ask for.
+        array = array.copy()
     if array.dtype == datatypes.BF16_DTYPE:
         capsule = array.view(np.uint16).__dlpack__()
         _managed_tensor(capsule).dl_tensor.dtype.code = _kDLBfloat
@@ -377,8 +381,8 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        """The numpy array; BYTES: an object array of `bytes`; BF16: an ml_dtypes.bfloat16 array."""
-        if self._datatype == "BF16" and datatypes.BF16_DTYPE is None:
+        """The numpy array; BYTES: an object array of `bytes`. BF16 raises, as in Triton."""
+        if self._datatype == "BF16":
             raise TritonModelException(
                 "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
                 "from_dlpack() instead.")
@@ -584,6 +588,7 @@ class InferenceRequest:
             raise TritonModelException(
                 "Unable to send response. Response sender has no reference to the decoupled "
                 "state of the model.")
+        self._sender._taken = True
         return self._sender
 
     def is_cancelled(self) -> bool:
@@ -669,6 +674,7 @@ class InferenceResponseSender:
         self._closed = False
         self._sent = 0
         self._pending: InferenceResponse | None = None  # non-decoupled: held until final
+        self._taken = False  # the model asked for it (request.get_response_sender())
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
