@@ -914,8 +914,8 @@ def test_bls_without_a_server_is_an_error_response(tmp_path, load):
     """
     m = load(write_model(tmp_path, "bls", "", code))
     err = m.infer({}).error
-    assert err.message == ("Model other - Error when running inference: Failed for execute the "
-                           "inference request. Model 'other' is not ready.")
+    assert err.message == ("Model other - Error when running inference: Request for unknown "
+                           "model: 'other' is not found")
 
 
 def test_bls_is_refused_in_initialize_as_in_triton(tmp_path, load):
