@@ -110,12 +110,13 @@ def unload_model(name: str, unload_dependents: bool = False) -> None:
     if entry is None or not entry.versions:
         return
     held = HELD.get()
-    mine = any(slot in held for mv in entry.versions.values() for slot in mv.slots)
-    worker = threading.Thread(target=_unload, args=(host, name, unload_dependents), daemon=True,
-                              name=f"unload-{name}")
-    worker.start()
-    if not mine:
-        worker.join()
+    if not any(slot in held for mv in entry.versions.values() for slot in mv.slots):
+        # On this thread: a model's `initialize` runs inside its own load, which holds the
+        # repository lock on this thread (another thread would wait for it forever).
+        host.unload_model(name, unload_dependents=unload_dependents)
+        return
+    threading.Thread(target=_unload, args=(host, name, unload_dependents), daemon=True,
+                     name=f"unload-{name}").start()
 
 
 def _unload(host: Host, name: str, unload_dependents: bool) -> None:

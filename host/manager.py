@@ -452,6 +452,12 @@ class ModelManager:
         in execute freezes neither the caller nor loads, unloads, the index or polling."""
         with self._lock:
             pending = self._unload_entry(name, unload_dependents)
+            if getattr(self._local, "loading", False):
+                # Nested in a load on this thread (a python model's `initialize` unloading a
+                # model): the versions finish with the lock, which this thread holds until the
+                # load ends; the outermost load waits for them once it has let go of it.
+                self._replaced.extend(pending)
+                return
         self._wait_unloaded(pending)
 
     def _unload_entry(self, name: str, unload_dependents: bool = False) -> list[threading.Thread]:

@@ -94,11 +94,10 @@ def test_async_execute_runs_calls_concurrently_with_gather(http):
 
 ERRORS = [
     ({"model": "nope"},
-     "Model nope - Error when running inference: Failed for execute the inference request. "
-     "Model 'nope' is not ready."),
+     "Model nope - Error when running inference: Request for unknown model: 'nope' is not found"),
     ({"model": "identity_fp32", "version": 3},
-     "Model identity_fp32 - Error when running inference: Failed for execute the inference "
-     "request. Model 'identity_fp32' is not ready."),
+     "Model identity_fp32 - Error when running inference: Request for unknown model: "
+     "'identity_fp32' version 3 is not found"),
     ({"model": "repeat", "input_name": "IN", "input_dtype": "int32", "outputs": ["OUT"]},
      "Model repeat - Error when running inference: Model repeat is using the decoupled. The "
      "current BLS request call doesn't support models using the decoupled transaction policy. "

@@ -11,8 +11,8 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
   importing at the same time must not see it), so sibling modules import by absolute name too.
   Sibling modules are imported afresh for each
   instance and taken out of `sys.modules` again, so two models with a `utils.py` do not clash.
-  (An absolute import of a sibling made later, inside `execute`, does not see the version
-  directory: import siblings at module level.)
+  An absolute import made later, while the model runs (`unittest.main("model")` in `execute`),
+  finds the version directory last, as Triton's appended `sys.path` entry (_RuntimeFinder).
 - `auto_complete_config` imports the module once more, on its own, as Triton's auto-complete stub.
 - `initialize(args)` receives Triton's keys: model_config (JSON), model_instance_kind,
   model_instance_name, model_instance_device_id, model_repository, model_version, model_name.
@@ -25,9 +25,10 @@ and talks to it through `triton_python_backend_utils` (`host.backends.python.pb_
 - an exception in `execute` (or a malformed return) fails every request that has not had its
   final response, with Triton's message: "Failed to process the request(s) for model
   '<instance>', message: <ExceptionType>: <text>".
-- response outputs are pruned to the requested outputs; an output whose datatype differs from
-  the configured `data_type` turns the response into an error naming the output; BYTES outputs
-  (object arrays of bytes/str, or 'S' arrays) become object arrays of `bytes`.
+- response outputs are pruned to the requested outputs; each keeps the datatype and shape of the
+  model's tensor, even where the output's configuration says otherwise (Triton's python backend
+  does not check them); BYTES outputs (object arrays of bytes/str, or 'S' arrays) become object
+  arrays of `bytes`.
 
 Process mode (`EXECUTION_MODE` "process", docs/process_model.md): each instance runs this same
 code in a stub process of its own (`host.backends.python.process`), so CPU-bound models scale with
@@ -128,6 +129,99 @@ def _install_finder() -> _VersionDirFinder:
 
 
 _finder = _install_finder()
+
+
+class _RuntimeLoader(importlib.abc.Loader):
+    """A loader that gives the module the calling model's context (as the model's own modules
+    have it) before running it; anything else is the wrapped loader's."""
+
+    def __init__(self, inner: Any, ctx: pb_utils._ModelContext) -> None:
+        self._inner = inner
+        self._ctx = ctx
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        setattr(module, pb_utils.CONTEXT_GLOBAL, self._ctx)
+        self._inner.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... (tracebacks)
+        return getattr(self._inner, name)
+
+
+# Top-level name -> version directory, of the modules _RuntimeFinder loaded, and version directory
+# -> calls into that model's code under way (_running); both under _runtime_lock, which is never
+# held for long (_import_lock is held while a model file imports, which may take seconds).
+_runtime_modules: dict[str, str] = {}
+_running_dirs: dict[str, int] = {}
+_runtime_lock = threading.Lock()
+
+
+class _RuntimeFinder(importlib.abc.MetaPathFinder):
+    """Triton's stub appends the model's version directory to `sys.path`, so a top-level import
+    that a model makes while it runs (in `execute`, say `unittest.main("model")`, which imports
+    `model`) finds the model's own files when nothing installed has that name. This finder, last
+    on `sys.meta_path` as an appended path entry would be, does that for the calling model. The
+    module stays in `sys.modules` (a second import reuses it, as in Triton) until another model
+    starts running (`_running`) or the model is unloaded."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if path is not None or getattr(_finder._local, "directory", None) is not None:
+            return None  # a submodule, or a model file being imported (_VersionDirFinder)
+        ctx = pb_utils._current_context()
+        if ctx is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [ctx.model_dir])
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _RuntimeLoader(spec.loader, ctx)
+        with _runtime_lock:
+            _runtime_modules[name] = ctx.model_dir
+        return spec
+
+
+sys.meta_path.append(_RuntimeFinder())
+
+
+def _forget_runtime(name: str, directory: str) -> None:
+    """Drop a module _RuntimeFinder loaded from `directory` (caller holds _runtime_lock)."""
+    module = sys.modules.get(name)
+    if module is not None and _is_under(module, os.path.realpath(directory)):
+        del sys.modules[name]
+    if _runtime_modules.get(name) == directory:
+        del _runtime_modules[name]
+
+
+def _drop_runtime(model_dir: str) -> None:
+    """The model is unloaded: its runtime imports go (a new version's files load afresh)."""
+    with _runtime_lock:
+        for name, directory in list(_runtime_modules.items()):
+            if directory == model_dir:
+                _forget_runtime(name, directory)
+
+
+@contextmanager
+def _running(model_dir: str) -> Iterator[None]:
+    """Around a call into a model (initialize, execute, finalize). In Triton each model has a
+    process of its own, so a name that another model's runtime import cached (its `model`) must
+    not answer this model's import: it is dropped as this model starts running, unless that other
+    model is running too (a BLS call from its execute to this model, say: its tests still use it)."""
+    with _runtime_lock:
+        _running_dirs[model_dir] = _running_dirs.get(model_dir, 0) + 1
+        if _runtime_modules:
+            for name, directory in list(_runtime_modules.items()):
+                if directory != model_dir and not _running_dirs.get(directory):
+                    _forget_runtime(name, directory)
+    try:
+        yield
+    finally:
+        with _runtime_lock:
+            left = _running_dirs[model_dir] - 1
+            if left:
+                _running_dirs[model_dir] = left
+            else:
+                del _running_dirs[model_dir]
 
 
 # --- locating and importing the model file ----------------------------------------------------
@@ -269,6 +363,13 @@ def _host_code(code: int) -> _Code:
         return _Code.UNKNOWN
 
 
+def triton_stub_argv() -> None:
+    """Triton's stub embeds Python with `sys.argv == [""]`, and models rely on it: the QA models'
+    `unittest.main("model", exit=False)` parses `sys.argv`, which must not hold the server's own
+    command line (nothing of the server reads `sys.argv` once it has started)."""
+    sys.argv = [""]
+
+
 # --- backend / model / instance ----------------------------------------------------------------
 
 class PythonBackend(Backend):
@@ -276,6 +377,7 @@ class PythonBackend(Backend):
 
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
+        triton_stub_argv()
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
@@ -437,6 +539,7 @@ class PythonInstance(Instance):
         finally:
             self._stop_loop()
             forget_module(self.module)
+            _drop_runtime(self.ctx.model_dir)
             self.user = None
 
     # --- execute ---
@@ -451,7 +554,8 @@ class PythonInstance(Instance):
                     f"Python model {self.model.path} does not implement `execute` method.")
             token = pb_utils._ACTIVE.set(self.ctx)  # not a context manager: this is per request
             try:
-                result = execute(pb_requests)
+                with _running(self.ctx.model_dir):
+                    result = execute(pb_requests)
             finally:
                 pb_utils._ACTIVE.reset(token)
             if asyncio.iscoroutine(result):
@@ -585,7 +689,8 @@ class PythonInstance(Instance):
     def _active(self) -> Iterator[None]:
         token = pb_utils._ACTIVE.set(self.ctx)
         try:
-            yield
+            with _running(self.ctx.model_dir):
+                yield
         finally:
             pb_utils._ACTIVE.reset(token)
 

@@ -104,9 +104,15 @@ def _start(call: pb.InferenceRequest, decoupled: bool) -> _Call | pb.InferenceRe
     name = call._model_name
     try:
         host = bls.server()
+    except HostError:  # no server in this process: every model is unknown
+        return _failed(name, f"Request for unknown model: '{name}' is not found")
+    try:
         mv = host.manager.get(name, int(call._model_version))
-    except HostError:
-        return _failed(name, f"Failed for execute the inference request. Model '{name}' is not ready.")
+    except HostError as exc:
+        # Current Triton: TRITONSERVER_ServerModelIsReady fails with the core's lookup error
+        # ("Request for unknown model: 'm' is not found"); 2.51 said "Failed for execute the
+        # inference request. Model 'm' is not ready." instead.
+        return _failed(name, exc.message)
     if mv.decoupled and not decoupled:
         return _failed(name, (
             f"Model {name} is using the decoupled. The current BLS request call doesn't support "

@@ -217,6 +217,9 @@ def main(argv: list[str]) -> None:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True,
                      name="stub-watchdog").start()
     channel = Channel(socket.socket(fileno=int(argv[0])))
+    from host.backends.python.backend import triton_stub_argv
+
+    triton_stub_argv()
     try:
         _, init = channel.recv()
     except ChannelClosed:
