@@ -75,7 +75,14 @@ def fit_shape(name: str, model_shape: list[int], count: int) -> list[int]:
 def _tensor(name: str, value: Any, meta: dict[str, Any]) -> Tensor:
     datatype = meta["datatype"]
     values = value if isinstance(value, list) else [value]
-    flat = json_values(name, datatype, values)
+    try:
+        flat = json_values(name, datatype, values)
+    except InvalidArgumentError as exc:
+        # Triton's text, which does not say which keyword it was; the input's name follows it
+        # (an LLM user sends a dozen of them: a bad value is a 400 naming it)
+        if f"'{name}'" in exc.message:
+            raise
+        raise InvalidArgumentError(f"{exc.message} (keyword '{name}')") from None
     shape = fit_shape(name, meta["shape"], flat.size)
     return Tensor(name, datatype, shape, flat.reshape(shape))
 
