@@ -118,10 +118,10 @@ class Backend:
 
     #: Backend attributes (as TRITONBACKEND_BackendAttribute): instance kinds it can run.
     supported_instance_kinds: tuple[str, ...] = ("CPU", "GPU", "MODEL")
-    #: True: the dynamic batcher gives one execute only requests whose inputs have the same shape
-    #: past the batch dimension (inputs with `allow_ragged_batch` excepted), as Triton's core does;
-    #: a backend that concatenates the requests needs it. False: any requests (the python backend
-    #: takes them one by one).
+    #: True: the dynamic and sequence batchers give one execute only requests whose inputs have the
+    #: same shape past the batch dimension (inputs with `allow_ragged_batch` excepted), as Triton's
+    #: core does; a backend that concatenates the requests needs it. False: any requests (the
+    #: python backend takes them one by one).
     equal_shape_batches: bool = False
 
     def __init__(self, name: str) -> None:

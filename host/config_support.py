@@ -54,7 +54,8 @@ SUPPORT: dict[str, Support] = {
     "input.format": _none("informational (image layout), as in Triton"),
     "input.reshape": _impl("the backend sees the reshaped tensor"),
     "input.is_shape_tensor": _impl("refused at load except for TensorRT models, as Triton does"),
-    "input.allow_ragged_batch": _impl("the dynamic batcher puts requests of different shapes in one "
+    "input.allow_ragged_batch": _impl("the dynamic and sequence batchers put requests of different "
+                                      "shapes in one "
                                       "execute of a native backend only where every input that "
                                       "differs allows it; the python backend gets a list of "
                                       "requests, framework backends group requests by shape"),

@@ -104,7 +104,8 @@ class ModelVersion:
         # Passive instances are loaded but never scheduled (Triton's instance_group.passive).
         slots = [s for s in self._slots if not s.spec.extra.get("passive")]
         if cfg.WhichOneof("scheduling_choice") == "sequence_batching":
-            return SequenceBatcher(self, slots)
+            return SequenceBatcher(self, slots,
+                                   compatible=batch.shape_key(cfg) if self._equal_shapes else None)
         if cfg.WhichOneof("scheduling_choice") == "dynamic_batching" and cfg.max_batch_size > 0:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),

@@ -34,7 +34,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -143,12 +143,17 @@ class _Worker:
 class SequenceBatcher:
     queues = True  # submitting only queues: its own threads execute (host.frontend.engine)
 
-    def __init__(self, model: ModelVersion, instances: list[InstanceSlot]) -> None:
+    def __init__(self, model: ModelVersion, instances: list[InstanceSlot],
+                 compatible: Callable[[InferenceRequest], tuple] | None = None) -> None:
         cfg = model.config
         seq = cfg.sequence_batching
         self.model = model
         self.name = cfg.name
         self.controls = Controls(cfg)
+        # Requests whose keys differ never share an execute (`host.batch.shape_key`: equal shapes,
+        # `allow_ragged_batch` honoured), as Triton's sequence batcher enforces for a backend that
+        # concatenates the batch.
+        self._compatible = compatible
         self._zeros: dict[tuple[str, str, tuple[int, ...]], Tensor] = {}  # see _padding
         self.states = StateSpecs(cfg, model.spec.path)
         self.config_outputs = frozenset(o.name for o in cfg.output)
@@ -297,18 +302,33 @@ class SequenceBatcher:
 
     def _take_batch(self, worker: _Worker, busy: list[_Slot]) -> tuple[list[InferenceRequest], int]:
         """The batch to run now from the slots with a request (lock held)."""
+        key = self._compatible
         if self.oldest:
+            # The oldest requests first, up to max_batch_size; a request of another shape than
+            # the first ends the batch (it starts the next one), as in Triton's dynamic batcher.
             busy.sort(key=lambda s: _head(s).queue[0].enqueue_ns)
             taken = busy[:self.max_batch]
+            if key is not None and len(taken) > 1:
+                first = key(_head(taken[0]).queue[0])
+                for n, slot in enumerate(taken):
+                    if key(_head(slot).queue[0]) != first:
+                        taken = taken[:n]
+                        break
         else:
+            # Direct: the lowest busy slot sets the shapes; a slot whose request has other shapes
+            # keeps it for a later batch and gets a padding row this time (Triton's rule).
             taken = busy
+            if key is not None and len(busy) > 1:
+                first = key(_head(busy[0]).queue[0])
+                taken = [s for s in busy if key(_head(s).queue[0]) == first]
+        like = _head(taken[0]).queue[0]  # padding rows are shaped like the first request
+        top = busy[-1].index  # direct: rows up to the highest busy slot
         requests = [self._take(slot) for slot in taken]
         padding = 0
         if not self.oldest and self.batching:
             rows = {slot.index: r for slot, r in zip(taken, requests)}
-            top = max(rows)
             if top + 1 > len(requests):
-                requests = [rows.get(i) or self._padding(requests[0]) for i in range(top + 1)]
+                requests = [rows.get(i) or self._padding(like) for i in range(top + 1)]
                 padding = top + 1 - len(rows)
         return requests, padding
 
