@@ -201,21 +201,29 @@ def _drop_runtime(model_dir: str) -> None:
                 _forget_runtime(name, directory)
 
 
-@contextmanager
-def _running(model_dir: str) -> Iterator[None]:
+class _running:
     """Around a call into a model (initialize, execute, finalize). In Triton each model has a
     process of its own, so a name that another model's runtime import cached (its `model`) must
     not answer this model's import: it is dropped as this model starts running, unless that other
-    model is running too (a BLS call from its execute to this model, say: its tests still use it)."""
-    with _runtime_lock:
-        _running_dirs[model_dir] = _running_dirs.get(model_dir, 0) + 1
-        if _runtime_modules:
-            for name, directory in list(_runtime_modules.items()):
-                if directory != model_dir and not _running_dirs.get(directory):
-                    _forget_runtime(name, directory)
-    try:
-        yield
-    finally:
+    model is running too (a BLS call from its execute to this model, say: its tests still use it).
+    A class, not a generator: it runs around every execute."""
+
+    __slots__ = ("model_dir",)
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+
+    def __enter__(self) -> None:
+        model_dir = self.model_dir
+        with _runtime_lock:
+            _running_dirs[model_dir] = _running_dirs.get(model_dir, 0) + 1
+            if _runtime_modules:
+                for name, directory in list(_runtime_modules.items()):
+                    if directory != model_dir and not _running_dirs.get(directory):
+                        _forget_runtime(name, directory)
+
+    def __exit__(self, *exc: object) -> None:
+        model_dir = self.model_dir
         with _runtime_lock:
             left = _running_dirs[model_dir] - 1
             if left:
