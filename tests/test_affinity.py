@@ -67,7 +67,7 @@ def write_model(repo: Path, name: str, backend: str = "python", extra: str = "",
         (repo / name / "1" / "model.py").write_text(WHERE_PY)
 
 
-def settled(call, tries: int = 20) -> list[int]:
+def settled(call, tries: int = 200) -> list[int]:
     """What `call` answers once the model's executes were seen to be short: its first execute,
     and any that a busy machine stretched past host.affinity.LONG_EXECUTE_NS, run wide, so a
     short model is pinned from the call after its last long one on."""
