@@ -189,3 +189,49 @@ def test_model_without_config_is_auto_completed(tmp_path):
         assert config["name"] == "noconfig" and config["backend"] == "python"
         assert [i["name"] for i in config["input"]] == ["INPUT0"]
         assert infer(client, "noconfig", [1.5]).tolist() == [1.5]
+
+
+# --- `tritonserver`: Triton's command name, with Triton's defaults ------------------------------
+TRITONSERVER = ("-m", "host.tritonserver")
+
+
+def test_tritonserver_command_is_installed():
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("tritonserver") == "host.tritonserver:main"
+
+
+def test_tritonserver_serves_with_tritons_name(tmp_path):
+    write_identity(tmp_path, "good")
+    with ServerProcess(tmp_path, entry=TRITONSERVER) as server:
+        http = httpclient.InferenceServerClient(server.url)
+        assert http.get_server_metadata()["name"] == "triton"
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc.get_server_metadata().name == "triton"
+        assert infer(http, "good", [2.0]).tolist() == [2.0]
+
+
+def test_tritonserver_exits_when_a_model_fails_to_load(tmp_path):
+    write_identity(tmp_path, "good")
+    write_identity(tmp_path, "bad", model="raise RuntimeError('boom at import')\n")
+    server = ServerProcess(tmp_path, entry=TRITONSERVER)
+    with pytest.raises(ServerStartError):
+        server.start(timeout=30, attempts=1)
+    assert server.process is not None and server.process.wait(30) == 1
+    assert "boom at import" in server.log_text()
+    server.kill()
+
+
+def test_tritonserver_flags_override_its_defaults(tmp_path):
+    write_identity(tmp_path, "good")
+    write_identity(tmp_path, "bad", model="raise RuntimeError('boom at import')\n")
+    # Triton's own way to keep serving: --exit-on-error=false; with --strict-readiness=false the
+    # server then reports ready although 'bad' failed.
+    with ServerProcess(tmp_path, "--exit-on-error=false", "--strict-readiness=false", "--id=edge",
+                       entry=TRITONSERVER) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.get_server_metadata()["name"] == "edge"
+        assert client.is_server_ready()
+        assert not client.is_model_ready("bad")
+        assert infer(client, "good", [3.0]).tolist() == [3.0]
