@@ -289,3 +289,29 @@ def test_python_model_batches_only_equal_shapes(tmp_path):
         assert int(stats["execution_count"]) >= 2
         rows = sorted(int(b["batch_size"]) for b in stats["batch_stats"])
         assert 1 in rows
+
+
+# --- a python model's error names its frames, as Triton's stub words it (pybind11) ----------------
+INIT_FAILS = """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.check(args)
+
+    def check(self, args):
+        raise RuntimeError("bad init")
+
+    def execute(self, requests):
+        return None
+"""
+
+
+def test_initialize_error_lists_the_models_frames(tmp_path):
+    write_identity(tmp_path, "good")
+    model_py = write_identity(tmp_path, "initfail", model=INIT_FAILS.lstrip("\n")) / "1" / "model.py"
+    with serve(tmp_path) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        rows = {r["name"]: r for r in client.get_model_repository_index()}
+        assert rows["initfail"]["reason"] == (
+            "Internal: RuntimeError: bad init\n\nAt:\n"
+            f"  {model_py}(6): check\n"
+            f"  {model_py}(3): initialize\n")

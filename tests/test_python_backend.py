@@ -359,18 +359,27 @@ def test_output_keeps_its_own_datatype(tmp_path, load):
 
 def test_exception_in_execute_fails_every_request(tmp_path, load):
     code = """
+    def fail(what):
+        raise ValueError(what)
+
     class TritonPythonModel:
         def execute(self, requests):
-            raise ValueError("boom")
+            fail("boom")
     """
-    m = load(write_model(tmp_path, "raiser", "", code))
+    spec = write_model(tmp_path, "raiser", "", code)
+    m = load(spec)
     collectors = m.run(request("raiser", {}), request("raiser", {}))
+    model_py = spec.path / "1" / "model.py"
     for c in collectors:
         assert len(c.responses) == 1
         err = c.final.error
         assert isinstance(err, InternalError)
+        # As Triton's stub words a Python error (pybind11): the model's frames, innermost first,
+        # and none of the host's.
         assert err.message == ("Failed to process the request(s) for model 'raiser_0_0', "
-                               "message: ValueError: boom")
+                               "message: ValueError: boom\n\nAt:\n"
+                               f"  {model_py}(3): fail\n"
+                               f"  {model_py}(7): execute\n")
 
 
 @pytest.mark.parametrize("body,fragment", [
