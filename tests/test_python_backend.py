@@ -1029,3 +1029,27 @@ def test_metrics_kept_in_process():
     assert metric.value() == 2
     with pytest.raises(pb_utils.TritonModelException):
         metric.set(1)
+
+
+def test_an_embedding_program_keeps_its_argv(tmp_path, load, monkeypatch):
+    """Only modelhost's own processes (`serve`, the process-mode stub) set Triton's `sys.argv ==
+    [""]`; a program that embeds the host keeps its command line."""
+    monkeypatch.setattr(sys, "argv", ["embedder", "--its-own-flag"])
+    code = """
+    import sys
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", np.array([len(sys.argv)], np.int32))]) for _ in requests]
+    """
+    config = """
+    max_batch_size: 0
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """
+    m = load(write_model(tmp_path, "argv", config, code))
+    (c,) = m.run(request("argv", {}))
+    assert c.final.error is None and c.final.outputs[0].data.tolist() == [2]
+    assert sys.argv == ["embedder", "--its-own-flag"]

@@ -393,7 +393,9 @@ def _host_code(code: int) -> _Code:
 def triton_stub_argv() -> None:
     """Triton's stub embeds Python with `sys.argv == [""]`, and models rely on it: the QA models'
     `unittest.main("model", exit=False)` parses `sys.argv`, which must not hold the server's own
-    command line (nothing of the server reads `sys.argv` once it has started)."""
+    command line. Called by the processes modelhost owns (`host.serve`, the process-mode stub),
+    whose own code has read its command line by then; a program that embeds `Host` keeps its
+    `sys.argv`."""
     sys.argv = [""]
 
 
@@ -404,7 +406,6 @@ class PythonBackend(Backend):
 
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
-        triton_stub_argv()
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
