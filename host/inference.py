@@ -7,7 +7,7 @@ the schedulers and the backends see nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 if TYPE_CHECKING:
     from host.errors import HostError
@@ -96,6 +96,9 @@ class InferenceRequest:
     # execute returned, as Triton lets any backend do (host.native fails the request if the
     # backend lets go of it unanswered).
     factory_held: bool = False
+    # The sequence batcher's padding row (a batch slot without a request, READY false): a
+    # backend may skip building its response, which goes nowhere (host.sequence.batcher).
+    padding: ClassVar[bool] = False
 
     @property
     def requested_output_names(self) -> list[str]:

@@ -84,6 +84,8 @@ class _Slot:
 class _PaddingRequest(InferenceRequest):
     """A batch slot without a request (direct strategy): its responses go nowhere."""
 
+    padding = True
+
     def respond(self, response: InferenceResponse | None, final: bool = True) -> None:
         if final:
             self.completed = True
@@ -155,6 +157,9 @@ class SequenceBatcher:
         # concatenates the batch.
         self._compatible = compatible
         self._zeros: dict[tuple[str, str, tuple[int, ...]], Tensor] = {}  # see _padding
+        # The fields of a padding request before its own are set (its lists and dicts are
+        # never filled in: a padding row asks for no output and has no parameters).
+        self._blank = dict(_PaddingRequest(model_name=cfg.name).__dict__)
         self.states = StateSpecs(cfg, model.spec.path)
         self.config_outputs = frozenset(o.name for o in cfg.output)
         self.max_batch = max(cfg.max_batch_size, 1)
@@ -425,9 +430,12 @@ class SequenceBatcher:
                     self._zeros.clear()
                 zero = self._zeros[key] = Tensor(name, t.datatype, list(t.shape), _zeros_like(t.data))
             inputs[name] = zero
-        pad = _PaddingRequest(model_name=like.model_name, model_version=like.model_version,
-                              inputs=inputs)
-        controls.add_padding(pad)
+        controls.add_padding_inputs(inputs)
+        # A copy of one blank padding request's fields: the dataclass constructor, with its
+        # thirty defaults, costs as much again as the rest of a padding row here.
+        pad = _PaddingRequest.__new__(_PaddingRequest)
+        pad.__dict__.update(self._blank)
+        pad.model_name, pad.model_version, pad.inputs = like.model_name, like.model_version, inputs
         pad.enqueue_ns = like.enqueue_ns
         return pad
 

@@ -108,13 +108,13 @@ class Controls:
         if corrid is not None:
             inputs[self.corrid_name] = corrid
 
-    def add_padding(self, request: InferenceRequest) -> None:
+    def add_padding_inputs(self, inputs: dict[str, Tensor]) -> None:
         """A batch slot without a request: every control false ("not ready"), CORRID 0."""
         for flag in (self.start, self.end, self.ready):
             if flag is not None:
-                request.inputs[flag.name] = flag.off
+                inputs[flag.name] = flag.off
         if self._padding_corrid is not None:
-            request.inputs[self.corrid_name] = self._padding_corrid
+            inputs[self.corrid_name] = self._padding_corrid
 
     def corrid_tensor(self, sequence_id: int | str) -> Tensor | None:
         return self._corrid(sequence_id) if self.corrid_name else None

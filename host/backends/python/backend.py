@@ -653,7 +653,10 @@ class PythonInstance(Instance):
         if all(r is not None for r in result) and not any(s.sender._sent for s in states):
             for s in states:
                 s.sender._close()
-            return [self._convert(r, s.request) for r, s in zip(result, states)]
+            # a padding row's response goes nowhere: not converted (most rows of a direct
+            # sequence batch are padding)
+            return [_DROPPED if s.request.padding else self._convert(r, s.request)
+                    for r, s in zip(result, states)]
         for response, s in zip(result, states):
             if response is not None:
                 s.sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -778,6 +781,9 @@ class PythonInstance(Instance):
             host.outputs.append(HostTensor(name=name, datatype=datatype, shape=list(data.shape),
                                            data=data))
         return host
+
+
+_DROPPED = HostResponse()  # stands for a padding row's response (never delivered, never read)
 
 
 def _on_host(data: Any) -> Any:
