@@ -12,7 +12,9 @@ What Triton's core does (`src/rate_limiter.cc`), and so what this does:
 - Turns. An instance that has a batch to run waits ("staged") until the resources are free; the
   staged instances are served strictly in order of their scaled priority, `executions so far *
   max(priority, 1)`, lowest first: an instance with priority 2 gets about half the turns of one
-  with priority 1 when they compete. The first in that order blocks the others (head of line).
+  with priority 1 when they compete; at equal scaled priority the higher priority (lower
+  number) goes first, then the instance that waited longer. The first in that order blocks the
+  others (head of line).
 - The resources are held for the execute only: from before `execute` until it returns. An
   instance whose model still has requests waiting is staged again as it gives its resources
   back, before they go to another (Triton's OnRelease), so that it competes for the next turn
@@ -74,7 +76,9 @@ class RateLimiter:
         self._instances: dict[Any, _Instance] = {}  # by instance slot
         self._available: ResourceMap = {}
         self._allocated: ResourceMap = {}
-        self._staged: list[tuple[int, int, Any]] = []  # (scaled priority, arrival, slot)
+        # (scaled priority, priority, arrival, slot): at equal scaled priority the instance of
+        # higher priority (lower number) goes first, then the one staged first
+        self._staged: list[tuple[int, int, int, Any]] = []
         self._arrival = itertools.count()
 
     # --- registration (model load and unload) ----------------------------------------------
@@ -169,7 +173,7 @@ class RateLimiter:
 
     def _stage(self, slot: Any, instance: _Instance) -> None:
         instance.staged = True
-        heapq.heappush(self._staged, (instance.executions * instance.priority,
+        heapq.heappush(self._staged, (instance.executions * instance.priority, instance.priority,
                                       next(self._arrival), slot))
 
     def _give_back(self, instance: _Instance) -> None:
@@ -196,7 +200,7 @@ class RateLimiter:
         (lock held)."""
         granted = False
         while self._staged:
-            slot = self._staged[0][2]
+            slot = self._staged[0][3]
             instance = self._instances.get(slot)
             if instance is None or not instance.staged:  # removed while staged
                 heapq.heappop(self._staged)
