@@ -92,10 +92,28 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
+    # Triton's cloud front ends. modelhost has neither; `false` (Triton's default) is accepted so
+    # that scripts which spell it out run, `true` is refused with the reason (see `options`).
+    for cloud, name in (("sagemaker", "SageMaker"), ("vertex-ai", "Vertex AI")):
+        flag(p, f"--allow-{cloud}", f"must stay false: modelhost has no {name} front end")
+        p.add_argument(f"--{cloud}-port", type=int, default=None, metavar="PORT",
+                       help=f"{NO_EFFECT} there is no {name} front end")
+        p.add_argument(f"--{cloud}-thread-count", type=int, default=None, metavar="N",
+                       help=f"{NO_EFFECT} there is no {name} front end")
+    p.add_argument("--sagemaker-safe-port-range", default=None, metavar="MIN-MAX",
+                   help=f"{NO_EFFECT} there is no SageMaker front end")
+    p.add_argument("--vertex-ai-default-model", default=None, metavar="MODEL",
+                   help=f"{NO_EFFECT} there is no Vertex AI front end")
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """The ServerOptions fields of these flags; refuses what cannot be honoured."""
+    for allowed, name in ((args.allow_sagemaker, "SageMaker"), (args.allow_vertex_ai, "Vertex AI")):
+        if allowed:
+            raise SystemExit(
+                f"modelhost: there is no {name} front end (Triton's --allow-"
+                f"{'sagemaker' if name == 'SageMaker' else 'vertex-ai'}); serve the KServe V2 "
+                "HTTP and gRPC endpoints behind the platform's own adapter, or leave the flag out.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     backend_config: dict[str, dict[str, str]] = {}
