@@ -87,6 +87,8 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
+    flag(p, "--model-namespacing", "Triton's model namespacing (models of the same name in "
+         "different repositories): only 'false', Triton's default, is supported; 'true' is refused")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -99,6 +101,11 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"modelhost: --rate-limit={args.rate_limit} is not supported: modelhost has no rate "
             "limiter, requests run as soon as a model instance is free (Triton's "
             "--rate-limit=off). Leave the flag out or pass --rate-limit=off.")
+    if args.model_namespacing:
+        raise SystemExit(
+            "modelhost: --model-namespacing=true is not supported: a model name is unique across "
+            "all --model-repository folders here (Triton's --model-namespacing=false). Leave the "
+            "flag out or pass --model-namespacing=false.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     backend_config: dict[str, dict[str, str]] = {}
