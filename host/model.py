@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from host import batch, classification, config_support
+from host import batch, classification, config_support, warmup
 from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -92,6 +92,8 @@ class ModelVersion:
                 instance = self._model.create_instance(ispec)
                 instance.initialize()
                 self._slots.append(InstanceSlot(ispec, instance))
+                if self.config.model_warmup:  # on each instance before it serves, as in Triton
+                    warmup.run(self, self._slots[-1])
             # may refuse the queue policy, or an implicit state's initial value
             self.scheduler = self._make_scheduler()
         except BaseException:
