@@ -119,6 +119,11 @@ SUPPORT: dict[str, Support] = {
     "parameters": _impl("handed to the backend"),
     "model_warmup": _impl("samples run on each instance as it loads; a failing sample fails the "
                           "load, with Triton's text (host.warmup)"),
+    "model_warmup.name": _impl("named in the warmup log lines and errors"),
+    "model_warmup.batch_size": _impl("requests of one row each in one execute; 0 skips the sample"),
+    "model_warmup.inputs": _impl("zero_data, random_data (empty strings for BYTES) or "
+                                 "input_data_file from <model>/warmup/"),
+    "model_warmup.count": _impl("runs of the sample (at least one)"),
     "model_operations": _refused("custom operation libraries are not supported"),
     "model_transaction_policy": _impl("decoupled models answer over streams"),
     "model_repository_agents": _refused("repository agents are not supported"),
