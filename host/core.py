@@ -17,7 +17,7 @@ from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
 from host.ensemble import EnsembleRuntime
-from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
+from host.errors import (HostError, InternalError, UnsupportedError,
                          InvalidArgumentError, UnavailableError, error_for, poll_failure)
 from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback, drain
