@@ -118,11 +118,12 @@ class Backend:
 
     #: Backend attributes (as TRITONBACKEND_BackendAttribute): instance kinds it can run.
     supported_instance_kinds: tuple[str, ...] = ("CPU", "GPU", "MODEL")
-    #: True: the dynamic and sequence batchers give one execute only requests whose inputs have the
-    #: same shape past the batch dimension (inputs with `allow_ragged_batch` excepted), as Triton's
-    #: core does; a backend that concatenates the requests needs it. False: any requests (the
-    #: python backend takes them one by one).
-    equal_shape_batches: bool = False
+    #: True (Triton's core rule, for every backend, the python backend included): the dynamic and
+    #: sequence batchers give one execute only requests whose variable-size inputs agree in shape
+    #: past the batch dimension (`host.batch.shape_key`: `allow_ragged_batch` honoured, shape
+    #: tensors also by value, optional inputs by presence). A backend that takes any mix of
+    #: requests may set False: its batches then differ from Triton's (execution counts included).
+    equal_shape_batches: bool = True
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -30,16 +30,40 @@ def _signature(request: InferenceRequest) -> tuple:
 
 
 def shape_key(config: Any) -> Callable[[InferenceRequest], tuple] | None:
-    """What must agree for requests to share one execute of a backend that concatenates them:
-    the shape past the batch dimension of each input without `allow_ragged_batch` (Triton's
-    dynamic batcher rule). None when every input is ragged: any requests may share."""
-    fixed = tuple(i.name for i in config.input if not i.allow_ragged_batch)
-    if not fixed:
+    """What must agree for requests to share one execute (Triton's core rule, for every backend):
+
+    - each variable-size input (a -1 in its dims) without `allow_ragged_batch`: its shape past
+      the batch dimension;
+    - each shape tensor (`is_shape_tensor`): its shape and its values;
+    - with optional inputs in the model: which inputs the request has.
+
+    None when nothing can differ (every input fixed-size or ragged, none optional): any requests
+    may share, and the batcher computes no key.
+    """
+    checks = []
+    for i in config.input:
+        if i.is_shape_tensor:
+            checks.append((i.name, True))
+        elif not i.allow_ragged_batch and -1 in i.dims:
+            checks.append((i.name, False))
+    optional = any(i.optional for i in config.input)
+    if not checks and not optional:
         return None
 
     def key(request: InferenceRequest) -> tuple:
         inputs = request.inputs
-        return tuple(tuple(inputs[n].shape[1:]) if n in inputs else None for n in fixed)
+        parts: list[Any] = []
+        for name, values in checks:
+            t = inputs.get(name)
+            if t is None:
+                parts.append(None)
+            elif values and isinstance(t.data, np.ndarray):
+                parts.append((tuple(t.shape[1:]), t.data.tobytes()))
+            else:
+                parts.append(tuple(t.shape[1:]))
+        if optional:
+            parts.append(frozenset(inputs))
+        return tuple(parts)
 
     return key
 

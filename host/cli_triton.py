@@ -72,11 +72,13 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--model-config-name", default=None, metavar="NAME",
                    help="load <model>/configs/NAME.pbtxt where it exists, else config.pbtxt")
     p.add_argument("--rate-limit", choices=RATE_LIMIT_MODES, default="off",
-                   help="only 'off' (requests run as soon as an instance is free); "
-                        "'execution_count' is refused: there is no rate limiter here")
+                   help="'off': requests run as soon as an instance is free, instance_group "
+                        "rate_limiter sections are ignored; 'execution_count': instances run "
+                        "only with the resources their rate_limiter names, by priority")
     p.add_argument("--rate-limit-resource", action="append", type=_rate_limit_resource,
                    default=[], metavar="NAME:COUNT[:DEVICE]",
-                   help=f"{NO_EFFECT} resources only matter to the rate limiter, which is off")
+                   help="the units of a rate-limiter resource (on DEVICE, else on every device); "
+                        "by default the most any one instance needs")
     p.add_argument("--pinned-memory-pool-byte-size", type=int, default=256 * 1024 * 1024,
                    metavar="BYTES",
                    help=f"{NO_EFFECT} tensors live in numpy (and cupy) memory, not in a pool")
@@ -96,11 +98,6 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """The ServerOptions fields of these flags; refuses what cannot be honoured."""
-    if args.rate_limit != "off":
-        raise SystemExit(
-            f"modelhost: --rate-limit={args.rate_limit} is not supported: modelhost has no rate "
-            "limiter, requests run as soon as a model instance is free (Triton's "
-            "--rate-limit=off). Leave the flag out or pass --rate-limit=off.")
     if args.model_namespacing:
         raise SystemExit(
             "modelhost: --model-namespacing=true is not supported: a model name is unique across "

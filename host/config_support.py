@@ -105,7 +105,8 @@ SUPPORT: dict[str, Support] = {
         "them (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)"),
     "ensemble_scheduling": _impl("see the ensemble documentation"),
     "instance_group": _impl(),
-    "instance_group.rate_limiter": _refused("the rate limiter is not supported"),
+    "instance_group.rate_limiter": _impl("honoured with --rate-limit=execution_count; ignored "
+                                         "with the default --rate-limit=off, as in Triton"),
     "instance_group.gpus": _impl("device ids handed to the backend"),
     "instance_group.secondary_devices": _refused("secondary devices (NVDLA) are not supported"),
     "instance_group.profile": _impl("refused at load except for TensorRT models"),
@@ -163,6 +164,8 @@ SUPPORT.update({
     **_fields("ensemble_scheduling", "step step.model_name step.model_version step.input_map "
               "step.output_map step.model_namespace max_inflight_requests"),
     **_fields("instance_group", "name kind count"),
+    **_fields("instance_group.rate_limiter", "resources resources.name resources.global "
+              "resources.count priority", "with --rate-limit=execution_count"),
     "model_transaction_policy.decoupled": _impl(),
     "response_cache.enable": _impl(),
     **_fields("model_metrics", "metric_control metric_control.metric_identifier "
@@ -182,9 +185,6 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
         c.optimization.execution_accelerators.cpu_execution_accelerator) > 0,
     "sequence_batching.state.use_growable_memory": lambda c: any(
         s.use_growable_memory for s in c.sequence_batching.state),
-    "instance_group.rate_limiter": lambda c: any(
-        g.HasField("rate_limiter") and (g.rate_limiter.resources or g.rate_limiter.priority > 1)
-        for g in c.instance_group),
     "instance_group.secondary_devices": lambda c: any(g.secondary_devices for g in c.instance_group),
     "model_operations": lambda c: len(c.model_operations.op_library_filename) > 0,
     "model_repository_agents": lambda c: len(c.model_repository_agents.agents) > 0,

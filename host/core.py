@@ -27,6 +27,7 @@ from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
+from host.rate_limiter import RateLimiter
 from host.stages import Stages
 from host.trace import TraceManager
 
@@ -73,6 +74,8 @@ class Host:
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
+        if opts.rate_limit == "execution_count":  # Triton's rate limiter (host.rate_limiter)
+            self.manager.rate_limiter = RateLimiter(opts.rate_limit_resources)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False

@@ -28,6 +28,7 @@ from host.errors import (HostError, InternalError, InvalidArgumentError, NotFoun
 from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
+from host.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class ModelManager:
         self._models: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
         self.latency_config: LatencyConfig | None = None  # set by the host (--metrics-config)
+        self.rate_limiter: RateLimiter | None = None  # set by the host (--rate-limit)
         self.ensembles = ensembles  # how ensemble steps reach their models (host.ensemble)
         self._deps = Dependencies(self)  # ensembles and their composing models
         self._pass: set[str] | None = None  # models loaded by the running load_all
@@ -416,6 +418,7 @@ class ModelManager:
                 backend.auto_complete_config(spec)
             config_mod.normalize_config(spec.config, entry.name)
             mv = ModelVersion(spec)
+            mv.rate_limiter = self.rate_limiter
             if self.latency_config is not None:  # summaries / histograms (host.latency)
                 mv.stats.latency = LatencyRecorder(for_model(self.latency_config, spec.config),
                                                    bool(spec.config.response_cache.enable))

@@ -21,6 +21,7 @@ from host.validation import RequestRules
 
 if TYPE_CHECKING:
     from host.backend import Backend, Model
+    from host.rate_limiter import RateLimiter
     from host.stages import Stages
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ def instance_specs(config: model_config_pb2.ModelConfig) -> list[InstanceSpec]:
             for _ in range(max(group.count, 1)):
                 specs.append(InstanceSpec(name=f"{group.name}_{n}", kind=kind, device_id=device,
                                           group=group.name, host_policy=group.host_policy,
-                                          extra={"passive": group.passive}))
+                                          extra={"passive": group.passive,
+                                                 "rate_limiter": group.rate_limiter}))
                 n += 1
     return specs
 
@@ -61,6 +63,8 @@ class ModelVersion:
         self.labels = classification.load_labels(spec.config, spec.path)
         self._model: Model | None = None
         self._slots: list[InstanceSlot] = []
+        # host.rate_limiter.RateLimiter with --rate-limit=execution_count (set by the manager)
+        self.rate_limiter: RateLimiter | None = None
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
         self._equal_shapes = False  # the backend's `equal_shape_batches`, set by `load`
         # host.affinity: the next execute may leave the Python CPU (the last one was long; the
@@ -91,9 +95,12 @@ class ModelVersion:
                         f"(instance '{ispec.name}')")
                 instance = self._model.create_instance(ispec)
                 instance.initialize()
-                self._slots.append(InstanceSlot(ispec, instance))
+                slot = InstanceSlot(ispec, instance)
+                self._slots.append(slot)
+                if self.rate_limiter is not None:  # may refuse the resources, with Triton's texts
+                    self.rate_limiter.add_instance(slot, ispec.extra["rate_limiter"], ispec.device_id)
                 if self.config.model_warmup:  # on each instance before it serves, as in Triton
-                    warmup.run(self, self._slots[-1])
+                    warmup.run(self, slot)
             # may refuse the queue policy, or an implicit state's initial value
             self.scheduler = self._make_scheduler()
         except BaseException:
@@ -143,6 +150,8 @@ class ModelVersion:
         """Finalize instances (reverse order), then the model; errors are logged, not raised."""
         while self._slots:
             slot = self._slots.pop()
+            if self.rate_limiter is not None:
+                self.rate_limiter.remove_instance(slot)
             try:
                 slot.instance.finalize()
             except Exception:

@@ -74,8 +74,8 @@ class ServerOptions:
     disable_auto_complete_config: bool = False
     model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt first
     strict_readiness: bool = False  # ready only while every model that was loaded is READY
-    rate_limit: str = "off"  # only "off": the rate limiter is not implemented
-    rate_limit_resources: list[str] = field(default_factory=list)  # accepted, no effect with "off"
+    rate_limit: str = "off"  # "execution_count": Triton's rate limiter (host.rate_limiter)
+    rate_limit_resources: list[str] = field(default_factory=list)  # NAME:COUNT[:DEVICE]
     # Memory pools: accepted for compatibility; tensors here live in numpy/cupy memory.
     pinned_memory_pool_byte_size: int = 256 * 1024 * 1024
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)

@@ -59,11 +59,16 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     executing = supervise.executing(model.name)  # if the process dies now, the log names it
     # A long execute (the last one was, or this is the first) may use every CPU (host.affinity).
     widened = model.wide_execute and affinity.widen()
+    limiter = model.rate_limiter  # --rate-limit=execution_count: wait for the resources, and turn
+    if limiter is not None:
+        limiter.acquire(slot)
     try:
         responses = slot.instance.execute(requests)
     except BaseException as exc:  # noqa: BLE001 - even SystemExit: the failure of these requests only
         responses, failure = None, exc
     finally:
+        if limiter is not None:  # staged again at once when more requests wait (Triton's order)
+            limiter.release(slot, again=model.pending_requests() > 0)
         if widened:
             affinity.pin()
         supervise.done(executing)

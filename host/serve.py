@@ -287,6 +287,11 @@ def serve(options: ServerOptions) -> int:
     from host.grpc import core_settings
 
     core_settings.apply()  # the worker inherits it; grpc's core reads it when it first starts
+    # The command line was read (options): from now on sys.argv is what python models see in
+    # Triton's stub (host.backends.python.backend.triton_stub_argv).
+    from host.backends.python.backend import triton_stub_argv
+
+    triton_stub_argv()
     app = ServerApplication(options)
     if options.frontend_processes > 1:
         from host.frontend.process import EngineProcess

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 __all__ = ["ServerProcess", "ServerStartError", "free_port", "serve", "wait_until"]
 
@@ -79,7 +79,9 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        entry: Sequence[str] = ("-m", "host", "serve"),
     ) -> None:
+        self.entry = tuple(entry)  # how python starts it: `modelhost serve`, or `tritonserver`
         self.model_repository = str(model_repository)
         # HTTPS servers (--http-ssl-cert): the client context the readiness probe uses.
         self.ssl_context = ssl_context
@@ -118,7 +120,7 @@ class ServerProcess:
     @property
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "host", "serve",
+            sys.executable, *self.entry,
             "--model-repository", self.model_repository,
             "--http-address", "127.0.0.1",
             "--http-port", str(self.http_port),

@@ -7,8 +7,10 @@
 # optionally server (for its sequence test backends):
 #
 #   scripts/build_triton_example_backends.sh SRC OUT
-#   -> OUT/libtriton_identity.so, OUT/libtriton_repeat.so (and, with SRC/server,
-#      libtriton_{sequence,dyna_sequence,implicit_state,iterative_sequence}.so)
+#   -> OUT/libtriton_identity.so, OUT/libtriton_repeat.so, the backend repository's tutorial
+#      backends OUT/libtriton_{minimal,recommended,bls}.so (bls: requests through the in-process
+#      server API), and, with SRC/server,
+#      libtriton_{sequence,dyna_sequence,implicit_state,iterative_sequence}.so
 set -euo pipefail
 SRC=$(realpath "$1"); OUT=$(realpath -m "$2")
 BRIDGE=$(python -c 'import importlib.util as u; print(u.find_spec("host.native.libtritonserver").origin)')
@@ -24,6 +26,13 @@ build() {  # name source [extra g++ flags]
 for name in identity repeat; do
     build "$name" "$SRC/${name}_backend/src/${name}.cc"
 done
+# The backend repository's examples (examples/backends), served with its example repositories
+# and clients (examples/model_repos, examples/clients) unchanged: checked 2026-11-27.
+for name in minimal recommended; do
+    build "$name" "$SRC/backend/examples/backends/$name/src/$name.cc"
+done
+build bls "$SRC/backend/examples/backends/bls/src/backend.cc" \
+    "$SRC"/backend/examples/backends/bls/src/{bls,bls_utils}.cc
 # Triton's sequence test backends (server/src/test, used by its L0_sequence_batcher and
 # L0_implicit_state QA): when the server checkout is there. Their GPU branches call four CUDA
 # runtime functions unconditionally; a CPU build gets stand-ins that are never reached.

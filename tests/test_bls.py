@@ -123,8 +123,9 @@ def test_errors_reach_the_model_as_error_responses_with_tritons_texts(http, grpc
 def test_a_failing_callee_gives_its_own_error(http):
     """The callee's own failure comes back with its message."""
     result, _ = call(http, {"model": "bls_async", "next": {"fail": "boom"}, "outputs": ["RESULT"]})
-    assert result[0]["error"] == ("Failed to process the request(s) for model 'bls_async_0_0', "
-                                  "message: ValueError: boom")
+    assert result[0]["error"].startswith("Failed to process the request(s) for model "
+                                         "'bls_async_0_0', message: ValueError: boom\n\nAt:\n")
+    assert result[0]["error"].endswith("/bls_async/1/model.py(89): execute\n")
     assert result[0]["code"] == 1
 
 

@@ -57,8 +57,6 @@ REFUSED_CONFIGS = {
     "sequence_batching.state.use_growable_memory":
         'sequence_batching { state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 '
         "dims: [ 1 ] use_growable_memory: true } ] }",
-    "instance_group.rate_limiter":
-        'instance_group [ { rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
     "instance_group.secondary_devices":
         "instance_group [ { secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]",
     "instance_group.passive": "instance_group [ { passive: true } ]",
@@ -171,7 +169,8 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
         reasons = {m["name"]: m.get("reason", "") for m in client.get_model_repository_index()}
         assert "configuration field 'metric_tags' is not supported" in reasons["tagged_ensemble"]
         assert reasons["warm"] == ""  # model_warmup is implemented (host.warmup)
-        assert "configuration field 'instance_group.rate_limiter' is not supported" in reasons["limited"]
+        # --rate-limit=off (the default): a rate_limiter section is ignored, as in Triton
+        assert reasons["limited"] == "" and client.is_model_ready("limited")
         if not devices.supported_gpus():  # Triton's refusal on a host without GPUs
             assert reasons["on_gpu"].endswith("instance group on_gpu_0 of model on_gpu has kind "
                                               "KIND_GPU but no GPUs are available")

@@ -189,3 +189,129 @@ def test_model_without_config_is_auto_completed(tmp_path):
         assert config["name"] == "noconfig" and config["backend"] == "python"
         assert [i["name"] for i in config["input"]] == ["INPUT0"]
         assert infer(client, "noconfig", [1.5]).tolist() == [1.5]
+
+
+# --- `tritonserver`: Triton's command name, with Triton's defaults ------------------------------
+TRITONSERVER = ("-m", "host.tritonserver")
+
+
+def test_tritonserver_command_is_installed():
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("tritonserver") == "host.tritonserver:main"
+
+
+def test_tritonserver_serves_with_tritons_name(tmp_path):
+    write_identity(tmp_path, "good")
+    with ServerProcess(tmp_path, entry=TRITONSERVER) as server:
+        http = httpclient.InferenceServerClient(server.url)
+        assert http.get_server_metadata()["name"] == "triton"
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc.get_server_metadata().name == "triton"
+        assert infer(http, "good", [2.0]).tolist() == [2.0]
+
+
+def test_tritonserver_exits_when_a_model_fails_to_load(tmp_path):
+    write_identity(tmp_path, "good")
+    write_identity(tmp_path, "bad", model="raise RuntimeError('boom at import')\n")
+    server = ServerProcess(tmp_path, entry=TRITONSERVER)
+    with pytest.raises(ServerStartError):
+        server.start(timeout=30, attempts=1)
+    assert server.process is not None and server.process.wait(30) == 1
+    assert "boom at import" in server.log_text()
+    server.kill()
+
+
+def test_tritonserver_flags_override_its_defaults(tmp_path):
+    write_identity(tmp_path, "good")
+    write_identity(tmp_path, "bad", model="raise RuntimeError('boom at import')\n")
+    # Triton's own way to keep serving: --exit-on-error=false; with --strict-readiness=false the
+    # server then reports ready although 'bad' failed.
+    with ServerProcess(tmp_path, "--exit-on-error=false", "--strict-readiness=false", "--id=edge",
+                       entry=TRITONSERVER) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.get_server_metadata()["name"] == "edge"
+        assert client.is_server_ready()
+        assert not client.is_model_ready("bad")
+        assert infer(client, "good", [3.0]).tolist() == [3.0]
+
+
+# --- the dynamic batcher's equal-shape rule holds for python models, as in Triton's core ---------
+SHAPES_CONFIG = """
+name: "shapes"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100000 }
+"""
+
+SHAPES_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        arrays = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        if len({a.shape[1:] for a in arrays}) != 1:
+            raise ValueError("one execute got inputs of different shapes")
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", a)])
+                for a in arrays]
+"""
+
+
+def test_python_model_batches_only_equal_shapes(tmp_path):
+    (tmp_path / "shapes" / "1").mkdir(parents=True)
+    (tmp_path / "shapes" / "config.pbtxt").write_text(SHAPES_CONFIG)
+    (tmp_path / "shapes" / "1" / "model.py").write_text(SHAPES_MODEL)
+    widths = (2, 2, 3, 2)
+    # Triton's testing hook: no batch until all four are queued, so they could all share one.
+    with serve(tmp_path, env={"TRITONSERVER_DELAY_SCHEDULER": str(len(widths))}) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        results: list = []
+        done = threading.Semaphore(0)
+
+        def callback(result, error):
+            results.append((result, error))
+            done.release()
+
+        for width in widths:
+            inp = grpcclient.InferInput("INPUT0", [1, width], "FP32")
+            inp.set_data_from_numpy(np.full((1, width), width, np.float32))
+            client.async_infer("shapes", [inp], callback)
+        for _ in widths:
+            assert done.acquire(timeout=30)
+        assert [e for _, e in results] == [None] * len(widths)
+        assert sorted(r.as_numpy("OUTPUT0").shape[1] for r, _ in results) == sorted(widths)
+        stats = client.get_inference_statistics("shapes", as_json=True)["model_stats"][0]
+        assert int(stats["inference_count"]) == len(widths)
+        # the width-3 request never shares an execute with a width-2 one
+        assert int(stats["execution_count"]) >= 2
+        rows = sorted(int(b["batch_size"]) for b in stats["batch_stats"])
+        assert 1 in rows
+
+
+# --- a python model's error names its frames, as Triton's stub words it (pybind11) ----------------
+INIT_FAILS = """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.check(args)
+
+    def check(self, args):
+        raise RuntimeError("bad init")
+
+    def execute(self, requests):
+        return None
+"""
+
+
+def test_initialize_error_lists_the_models_frames(tmp_path):
+    write_identity(tmp_path, "good")
+    model_py = write_identity(tmp_path, "initfail", model=INIT_FAILS.lstrip("\n")) / "1" / "model.py"
+    with serve(tmp_path) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        rows = {r["name"]: r for r in client.get_model_repository_index()}
+        assert rows["initfail"]["reason"] == (
+            "Internal: RuntimeError: bad init\n\nAt:\n"
+            f"  {model_py}(6): check\n"
+            f"  {model_py}(3): initialize\n")

@@ -359,18 +359,27 @@ def test_output_keeps_its_own_datatype(tmp_path, load):
 
 def test_exception_in_execute_fails_every_request(tmp_path, load):
     code = """
+    def fail(what):
+        raise ValueError(what)
+
     class TritonPythonModel:
         def execute(self, requests):
-            raise ValueError("boom")
+            fail("boom")
     """
-    m = load(write_model(tmp_path, "raiser", "", code))
+    spec = write_model(tmp_path, "raiser", "", code)
+    m = load(spec)
     collectors = m.run(request("raiser", {}), request("raiser", {}))
+    model_py = spec.path / "1" / "model.py"
     for c in collectors:
         assert len(c.responses) == 1
         err = c.final.error
         assert isinstance(err, InternalError)
+        # As Triton's stub words a Python error (pybind11): the model's frames, innermost first,
+        # and none of the host's.
         assert err.message == ("Failed to process the request(s) for model 'raiser_0_0', "
-                               "message: ValueError: boom")
+                               "message: ValueError: boom\n\nAt:\n"
+                               f"  {model_py}(3): fail\n"
+                               f"  {model_py}(7): execute\n")
 
 
 @pytest.mark.parametrize("body,fragment", [
@@ -1020,3 +1029,27 @@ def test_metrics_kept_in_process():
     assert metric.value() == 2
     with pytest.raises(pb_utils.TritonModelException):
         metric.set(1)
+
+
+def test_an_embedding_program_keeps_its_argv(tmp_path, load, monkeypatch):
+    """Only modelhost's own processes (`serve`, the process-mode stub) set Triton's `sys.argv ==
+    [""]`; a program that embeds the host keeps its command line."""
+    monkeypatch.setattr(sys, "argv", ["embedder", "--its-own-flag"])
+    code = """
+    import sys
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", np.array([len(sys.argv)], np.int32))]) for _ in requests]
+    """
+    config = """
+    max_batch_size: 0
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """
+    m = load(write_model(tmp_path, "argv", config, code))
+    (c,) = m.run(request("argv", {}))
+    assert c.final.error is None and c.final.outputs[0].data.tolist() == [2]
+    assert sys.argv == ["embedder", "--its-own-flag"]

@@ -405,7 +405,8 @@ def test_model_errors_keep_their_code_and_triton_text(server):
     with pytest.raises(InferenceServerException) as info:
         _crash_infer(client, 4)
     assert re.fullmatch(r"Failed to process the request\(s\) for model 'proc_crash_0\w*', "
-                        r"message: ValueError: four is right out", info.value.message())
+                        r"message: ValueError: four is right out\n\nAt:\n"
+                        r"  \S+/proc_crash/1/model\.py\(\d+\): execute\n", info.value.message())
     assert int(_crash_infer(client, 0).as_numpy("PID")[0]) == pid  # errors are not crashes
 
 

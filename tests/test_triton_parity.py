@@ -559,8 +559,7 @@ def test_auto_complete_is_on_by_default():
 
 
 def test_refused_flags_say_why():
-    for flag, message in (("--rate-limit=execution_count", "modelhost has no rate limiter"),
-                          ("--model-config-name=", "empty argument for --model-config-name")):
+    for flag, message in (("--model-config-name=", "empty argument for --model-config-name"),):
         done = subprocess.run([sys.executable, "-m", "host", "serve", flag, "--model-repository",
                                str(MODELS)], check=False, capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and message in done.stderr, done.stderr
@@ -570,7 +569,7 @@ def test_help_says_which_flags_have_no_effect():
     done = subprocess.run([sys.executable, "-m", "host", "serve", "--help"], check=True,
                           capture_output=True, text=True, timeout=60)
     text = " ".join(done.stdout.split())
-    for flag in ("--rate-limit-resource", "--pinned-memory-pool-byte-size",
+    for flag in ("--pinned-memory-pool-byte-size",
                  "--cuda-memory-pool-byte-size", "--cuda-virtual-address-size"):
         entry = text.split(f" {flag} ", 1)[1].split(" --", 1)[0]
         assert "no effect" in entry, entry

@@ -59,7 +59,6 @@ def backend_config(library: Path, backend_directory: Path | None,
 
 class NativeBackend(Backend):
     supported_instance_kinds = ("CPU", "GPU", "MODEL")
-    equal_shape_batches = True  # a native backend concatenates a batch's inputs (Triton's rule)
 
     def __init__(self, name: str, library: Path, backend_directory: Path | None = None,
                  settings: dict[str, str] | None = None) -> None:

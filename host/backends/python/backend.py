@@ -357,11 +357,30 @@ class _StubError(Exception):
     """A check of the backend itself (Triton's stub raises these in C++: no type name in the text)."""
 
 
-def _exception_text(exc: BaseException) -> str:
-    """How Triton's stub prints an exception: `<type>: <message>` for Python ones."""
+def _exception_text(exc: BaseException, model_dir: str | None = None) -> str:
+    """How Triton's stub prints an exception: `<type>: <message>` for Python ones, then, as
+    pybind11 words a Python error, the frames it went through, innermost first:
+    `\n\nAt:\n  <file>(<line>): <function>\n` per frame. The stub calls the model from C++, so
+    its list ends at the model's own entry point; here the frames of the host that called the
+    model are left out the same way: the list starts at the first frame in `model_dir`."""
     if isinstance(exc, _StubError):
         return str(exc)
-    return f"{type(exc).__name__}: {exc}"
+    text = f"{type(exc).__name__}: {exc}"
+    if model_dir is None:
+        return text
+    frames = []
+    inside = False
+    tb = exc.__traceback__
+    prefix = os.path.join(model_dir, "")
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        inside = inside or code.co_filename.startswith(prefix)
+        if inside:
+            frames.append(f"  {code.co_filename}({tb.tb_lineno}): {code.co_name}\n")
+        tb = tb.tb_next
+    if not frames:
+        return text
+    return text + "\n\nAt:\n" + "".join(reversed(frames))
 
 
 def _host_code(code: int) -> _Code:
@@ -374,7 +393,9 @@ def _host_code(code: int) -> _Code:
 def triton_stub_argv() -> None:
     """Triton's stub embeds Python with `sys.argv == [""]`, and models rely on it: the QA models'
     `unittest.main("model", exit=False)` parses `sys.argv`, which must not hold the server's own
-    command line (nothing of the server reads `sys.argv` once it has started)."""
+    command line. Called by the processes modelhost owns (`host.serve`, the process-mode stub),
+    whose own code has read its command line by then; a program that embeds `Host` keeps its
+    `sys.argv`."""
     sys.argv = [""]
 
 
@@ -385,7 +406,6 @@ class PythonBackend(Backend):
 
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
-        triton_stub_argv()
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
@@ -415,7 +435,7 @@ class PythonBackend(Backend):
             except Exception as exc:
                 raise InternalError(
                     f"auto_complete_config of model '{spec.name}' failed: "
-                    f"{_exception_text(exc)}") from exc
+                    f"{_exception_text(exc, ctx.model_dir)}") from exc
             finally:
                 pb_utils._ACTIVE.reset(token)
             if not isinstance(result, pb_utils.ModelConfig):
@@ -532,7 +552,7 @@ class PythonInstance(Instance):
             forget_module(self.module)
             log.error("initialize of python model '%s' instance '%s' failed:\n%s",
                       mspec.name, self.name, traceback.format_exc())
-            raise InternalError(_exception_text(exc)) from exc
+            raise InternalError(_exception_text(exc, self.ctx.model_dir)) from exc
 
     def finalize(self) -> None:
         self.ctx.serving = False
@@ -596,7 +616,7 @@ class PythonInstance(Instance):
     def _fail_all(self, states: list[_RequestState], exc: BaseException) -> None:
         """The model raised: every request still waiting gets Triton's error text."""
         message = (f"Failed to process the request(s) for model '{self.name}', message: "
-                   f"{_exception_text(exc)}")
+                   f"{_exception_text(exc, self.ctx.model_dir)}")
         log.error("%s\n%s", message, traceback.format_exc())
         for s in states:
             s.fail(message)
