@@ -309,6 +309,8 @@ class Host:
                 if not versions:
                     raise InvalidArgumentError(
                         f"requested model version is not available for model '{name}'")
+        for v in versions:
+            v.collect_response_statistics()
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
 

@@ -188,6 +188,15 @@ class ModelVersion:
         """The model's instances (as the schedulers hold them)."""
         return tuple(self._slots)
 
+    def collect_response_statistics(self) -> None:
+        """Move the per-response statistics the instances reported into `stats` (native
+        backends report them; instances without `response_statistics` have none)."""
+        for slot in self._slots:
+            take = getattr(slot.instance, "response_statistics", None)
+            if take is not None:
+                for record in take():
+                    self.stats.response_reported(*record)
+
     def pending_requests(self) -> int:
         """Requests scheduled and not executing yet, as the scheduler counts them (0 when it
         has no such notion)."""

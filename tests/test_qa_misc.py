@@ -1,5 +1,5 @@
 """Server-side behaviour that Triton's QA suites check (server repo qa/L0_response_cache,
-qa/L0_server_status, qa/L0_metrics, qa/L0_warmup).
+qa/L0_server_status, qa/L0_metrics, qa/L0_warmup, qa/L0_response_statistics).
 
 Each test reproduces, with small models of its own, one thing a QA suite found modelhost doing
 differently from Triton 2.51 (checked side by side on the same models):
@@ -12,7 +12,9 @@ differently from Triton 2.51 (checked side by side on the same models):
   --model-namespacing=false is accepted, and a sequence batcher's queued requests count in
   nv_inference_pending_request_count;
 - L0_warmup: model_warmup runs (it was refused): Triton's log lines, its error for a failing
-  sample, decoupled models, data files, and the warmup counted in the statistics.
+  sample, decoupled models, data files, and the warmup counted in the statistics;
+- L0_response_statistics: a native backend's per-response statistics (what Triton's `square`
+  backend reports) are served by response index (they were dropped).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from host.native.testing import build_library, compiler
 from host.testing import ServerProcess, ServerStartError, serve, wait_until
 
 pytestmark = pytest.mark.modelhost_only
@@ -370,3 +373,77 @@ def test_refused_server_settings(tmp_path, args, message):
     with pytest.raises(ServerStartError) as info:
         ServerProcess(tmp_path / "models", *args).start(timeout=60, attempts=1)
     assert message in str(info.value)
+
+
+# --- L0_response_statistics -------------------------------------------------------------------
+
+def test_per_response_statistics_of_a_native_decoupled_backend(tmp_path):
+    # What Triton's `square` test backend reports (TRITONBACKEND_ModelInstanceReportResponseStatistics),
+    # aggregated by response index as Triton does, over HTTP and gRPC
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    backends = tmp_path / "backends"
+    build_library(Path(__file__).parent / "native" / "response_stats.c",
+                  backends / "response_stats" / "libtriton_response_stats.so")
+    repo = tmp_path / "models"
+    (repo / "counted" / "1").mkdir(parents=True)
+    (repo / "counted" / "config.pbtxt").write_text("""
+backend: "response_stats"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""")
+    with serve(repo, "--backend-directory", str(backends)) as s:
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        http_client = httpclient.InferenceServerClient(s.url)
+        try:
+            assert http_client.get_inference_statistics("counted")["model_stats"][0][
+                "response_stats"] == {}
+            for n in (4, 3):  # 2 + 1 successes, a failure each, an empty final response each
+                responses: list[object] = []
+                done = threading.Event()
+
+                def callback(result, error, responses=responses, done=done):
+                    responses.append(error or result)
+                    if result is not None and result.get_response().parameters.get(
+                            "triton_final_response", None) is not None:
+                        if result.get_response().parameters["triton_final_response"].bool_param:
+                            done.set()
+
+                client.start_stream(callback)
+                x = np.array([n], dtype=np.int32)
+                inputs = [grpcclient.InferInput("IN", [1], "INT32")]
+                inputs[0].set_data_from_numpy(x)
+                client.async_stream_infer("counted", inputs, enable_empty_final_response=True)
+                assert done.wait(30)
+                client.stop_stream()
+            by_http = http_client.get_inference_statistics("counted")["model_stats"][0]["response_stats"]
+            by_grpc = client.get_inference_statistics("counted", as_json=True)["model_stats"][0][
+                "response_stats"]
+        finally:
+            client.close()
+            http_client.close()
+
+    def counts(entry: dict) -> dict:
+        return {k: (int(v.get("count", 0)), int(v.get("ns", 0))) for k, v in entry.items()}
+
+    ms = 1_000_000
+    success = {"compute_infer": (1, 10 * ms), "compute_output": (1, 2 * ms), "success": (1, 12 * ms),
+               "fail": (0, 0), "empty_response": (0, 0), "cancel": (0, 0)}
+    fail = {"compute_infer": (1, 10 * ms), "compute_output": (0, 0), "success": (0, 0),
+            "fail": (1, 10 * ms), "empty_response": (0, 0), "cancel": (0, 0)}
+    empty = {"compute_infer": (1, 10 * ms), "compute_output": (0, 0), "success": (0, 0),
+             "fail": (0, 0), "empty_response": (1, 10 * ms), "cancel": (0, 0)}
+
+    def twice(entry: dict) -> dict:
+        return {k: (c * 2, ns * 2) for k, (c, ns) in entry.items()}
+
+    expected = {
+        "0": twice(success),                                     # n=4 and n=3
+        "1": {k: (a[0] + b[0], a[1] + b[1]) for (k, a), b in zip(success.items(), fail.values())},
+        "2": {k: (a[0] + b[0], a[1] + b[1]) for (k, a), b in zip(fail.items(), empty.values())},
+        "3": empty,                                              # n=4's empty final response
+    }
+    assert {i: counts(e) for i, e in by_http.items()} == expected
+    assert {i: counts(e) for i, e in by_grpc.items()} == expected
