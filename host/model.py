@@ -191,7 +191,7 @@ class ModelVersion:
     def collect_response_statistics(self) -> None:
         """Move the per-response statistics the instances reported into `stats` (native
         backends report them; instances without `response_statistics` have none)."""
-        for slot in self._slots:
+        for slot in list(self._slots):  # an unload may be finalizing them (host.native guards)
             take = getattr(slot.instance, "response_statistics", None)
             if take is not None:
                 for record in take():
