@@ -63,8 +63,8 @@ def cache_config(settings: list[tuple[str, str, str]], byte_size: int | None) ->
         config.setdefault(name, {})[key] = value
     if byte_size is not None:
         if config:
-            raise SystemExit("modelhost: --response-cache-byte-size cannot be combined with "
-                             "--cache-config; use --cache-config local,size=N alone")
+            raise SystemExit("Error: Incompatible flags --response-cache-byte-size and "
+                             "--cache-config both provided. Please provide one or the other.")
         logging.getLogger(__name__).warning(
             "--response-cache-byte-size is deprecated: use --cache-config local,size=%d", byte_size)
         if byte_size > 0:  # 0 meant "no cache" before --cache-config existed

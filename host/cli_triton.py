@@ -89,6 +89,8 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
+    flag(p, "--model-namespacing", "Triton's model namespacing (models of the same name in "
+         "different repositories): only 'false', Triton's default, is supported; 'true' is refused")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -114,6 +116,11 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                 f"modelhost: there is no {name} front end (Triton's --allow-"
                 f"{'sagemaker' if name == 'SageMaker' else 'vertex-ai'}); serve the KServe V2 "
                 "HTTP and gRPC endpoints behind the platform's own adapter, or leave the flag out.")
+    if args.model_namespacing:
+        raise SystemExit(
+            "modelhost: --model-namespacing=true is not supported: a model name is unique across "
+            "all --model-repository folders here (Triton's --model-namespacing=false). Leave the "
+            "flag out or pass --model-namespacing=false.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     backend_config: dict[str, dict[str, str]] = {}

@@ -118,7 +118,13 @@ SUPPORT: dict[str, Support] = {
     "metric_tags": _refused("extra labels on a model's metrics (Triton's `_<key>` labels) are not "
                             "supported"),
     "parameters": _impl("handed to the backend"),
-    "model_warmup": _refused("model warmup is not supported"),
+    "model_warmup": _impl("samples run on each instance as it loads; a failing sample fails the "
+                          "load, with Triton's text (host.warmup)"),
+    "model_warmup.name": _impl("named in the warmup log lines and errors"),
+    "model_warmup.batch_size": _impl("requests of one row each in one execute; 0 skips the sample"),
+    "model_warmup.inputs": _impl("zero_data, random_data (empty strings for BYTES) or "
+                                 "input_data_file from <model>/warmup/"),
+    "model_warmup.count": _impl("runs of the sample (at least one)"),
     "model_operations": _refused("custom operation libraries are not supported"),
     "model_transaction_policy": _impl("decoupled models answer over streams"),
     "model_repository_agents": _refused("repository agents are not supported"),
@@ -180,7 +186,6 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
     "sequence_batching.state.use_growable_memory": lambda c: any(
         s.use_growable_memory for s in c.sequence_batching.state),
     "instance_group.secondary_devices": lambda c: any(g.secondary_devices for g in c.instance_group),
-    "model_warmup": lambda c: len(c.model_warmup) > 0,
     "model_operations": lambda c: len(c.model_operations.op_library_filename) > 0,
     "model_repository_agents": lambda c: len(c.model_repository_agents.agents) > 0,
     "metric_tags": lambda c: len(c.metric_tags) > 0,

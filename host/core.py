@@ -17,12 +17,12 @@ from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
 from host.ensemble import EnsembleRuntime
-from host.errors import (HostError, InternalError, NotFoundError, UnsupportedError,
+from host.errors import (HostError, InternalError, UnsupportedError,
                          InvalidArgumentError, UnavailableError, error_for, poll_failure)
 from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback, drain
 from host.manager import ModelManager
-from host.model import ModelVersion
+from host.model import READY, ModelVersion
 from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
@@ -296,13 +296,21 @@ class Host:
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if not name:
             versions = self.manager.loaded()
-        elif version:
-            versions = [self.manager.get(name, _version(version))]
         else:
+            # Triton's rules and texts (TRITONSERVER_ServerModelStatistics): the model's READY
+            # versions, and a bad name or version is an invalid argument, not "not found".
             entry = self.manager.entry(name)
-            versions = list(entry.versions.values()) if entry else []
+            versions = [v for v in entry.versions.values() if v.state == READY] if entry else []
             if not versions:
-                raise NotFoundError(f"requested model '{name}' is not available")
+                raise InvalidArgumentError(f"requested model '{name}' is not available")
+            if version not in ("", -1):
+                number = _version(version)
+                versions = [v for v in versions if v.version == number]
+                if not versions:
+                    raise InvalidArgumentError(
+                        f"requested model version is not available for model '{name}'")
+        for v in versions:
+            v.collect_response_statistics()
         return {"model_stats": [v.stats.as_dict() for v in
                                 sorted(versions, key=lambda v: (v.name, v.version))]}
 

@@ -19,6 +19,7 @@ import bisect
 import collections
 import logging
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -108,10 +109,23 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
                       "<quantile>:<error>", item)
             continue
         try:
-            pairs.append((float(q), float(e)))
-        except ValueError as exc:
-            log.error("Invalid option: [%s]. Error: %s", item, exc)
+            pairs.append((_stod(q), _stod(e)))
+        except ValueError:
+            log.error("Invalid option: [%s]. Error: stod", item)
     return tuple(pairs)
+
+
+_STOD = re.compile(r"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))",
+                   re.IGNORECASE)
+
+
+def _stod(text: str) -> float:
+    """C++'s std::stod, as Triton parses quantiles: the longest number at the start counts and
+    the rest is ignored ("0.0.1" is 0.0); no number at all is an error."""
+    match = _STOD.match(text)
+    if match is None:
+        raise ValueError(text)
+    return float(match.group(1))
 
 
 class Summary:

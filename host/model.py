@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from host import batch, classification, config_support
+from host import batch, classification, config_support, warmup
 from host.backend import InstanceSpec, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -99,6 +99,8 @@ class ModelVersion:
                 self._slots.append(slot)
                 if self.rate_limiter is not None:  # may refuse the resources, with Triton's texts
                     self.rate_limiter.add_instance(slot, ispec.extra["rate_limiter"], ispec.device_id)
+                if self.config.model_warmup:  # on each instance before it serves, as in Triton
+                    warmup.run(self, slot)
             # may refuse the queue policy, or an implicit state's initial value
             self.scheduler = self._make_scheduler()
         except BaseException:
@@ -185,6 +187,15 @@ class ModelVersion:
     def slots(self) -> tuple[InstanceSlot, ...]:
         """The model's instances (as the schedulers hold them)."""
         return tuple(self._slots)
+
+    def collect_response_statistics(self) -> None:
+        """Move the per-response statistics the instances reported into `stats` (native
+        backends report them; instances without `response_statistics` have none)."""
+        for slot in list(self._slots):  # an unload may be finalizing them (host.native guards)
+            take = getattr(slot.instance, "response_statistics", None)
+            if take is not None:
+                for record in take():
+                    self.stats.response_reported(*record)
 
     def pending_requests(self) -> int:
         """Requests scheduled and not executing yet, as the scheduler counts them (0 when it

@@ -58,6 +58,10 @@ def failure_reason(error: BaseException | None, executed: bool) -> str:
     return BACKEND if executed else OTHER
 
 
+RESPONSE_STATS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+RESPONSE_KINDS = ("success", "fail", "empty_response", "cancel")
+
+
 class ModelStats:
     """Counters for one model version; updated under one short lock per event."""
 
@@ -70,6 +74,9 @@ class ModelStats:
         self._input, self._infer, self._output = d["compute_input"], d["compute_infer"], d["compute_output"]
         self._batches: dict[int, list[int]] = {}  # batch size -> [count, input ns, infer ns, output ns]
         self._failures = dict.fromkeys(FAILURE_REASONS, 0)
+        # Per-response statistics of decoupled models, by response index (what a native backend
+        # reports with TRITONBACKEND_ModelInstanceReportResponseStatistics): name -> [count, ns]
+        self._responses: dict[int, dict[str, list[int]]] = {}
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
@@ -162,6 +169,24 @@ class ModelStats:
         with self._lock:
             return dict(self._failures)
 
+    def response_reported(self, index: int, kind: int, infer_ns: int, output_ns: int,
+                          total_ns: int, has_infer: bool, has_output: bool) -> None:
+        """One response's statistics, aggregated as Triton's InferenceStatsAggregator does:
+        `kind` 0 success, 1 fail, 2 empty response, 3 cancel."""
+        with self._lock:
+            entry = self._responses.get(index)
+            if entry is None:
+                entry = self._responses[index] = {k: [0, 0] for k in RESPONSE_STATS}
+            if has_infer:
+                entry["compute_infer"][0] += 1
+                entry["compute_infer"][1] += infer_ns
+            if has_output:
+                entry["compute_output"][0] += 1
+                entry["compute_output"][1] += output_ns
+            outcome = entry[RESPONSE_KINDS[kind]]
+            outcome[0] += 1
+            outcome[1] += total_ns
+
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             dur = {k: {"count": c, "ns": ns} for k, (c, ns) in self._durations.items()}
@@ -179,7 +204,9 @@ class ModelStats:
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,
                 "inference_stats": dur,
-                "response_stats": {},
+                "response_stats": {
+                    str(index): {k: {"count": c, "ns": ns} for k, (c, ns) in entry.items()}
+                    for index, entry in sorted(self._responses.items())},
                 "batch_stats": batches,
                 "memory_usage": [],
             }

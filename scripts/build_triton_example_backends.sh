@@ -4,7 +4,7 @@
 # bridge. Used to check that backends built for Triton load and serve unchanged in modelhost
 # (docs/native.md). Needs g++, rapidjson headers (apt rapidjson-dev) and source checkouts of
 # triton-inference-server/{core,backend,common,identity_backend,repeat_backend} under SRC, and
-# optionally server (for its sequence test backends):
+# optionally server (for its sequence test backends) and square_backend (libtriton_square.so):
 #
 #   scripts/build_triton_example_backends.sh SRC OUT
 #   -> OUT/libtriton_identity.so, OUT/libtriton_repeat.so, the backend repository's tutorial
@@ -33,6 +33,11 @@ for name in minimal recommended; do
 done
 build bls "$SRC/backend/examples/backends/bls/src/backend.cc" \
     "$SRC"/backend/examples/backends/bls/src/{bls,bls_utils}.cc
+# Triton's `square` test backend (L0_response_statistics), when its checkout is there; built with
+# statistics on, as Triton builds it, so that it reports per-response statistics.
+if [ -d "$SRC/square_backend" ]; then
+    build square "$SRC/square_backend/src/square.cc" -DTRITON_ENABLE_STATS
+fi
 # Triton's sequence test backends (server/src/test, used by its L0_sequence_batcher and
 # L0_implicit_state QA): when the server checkout is there. Their GPU branches call four CUDA
 # runtime functions unconditionally; a CPU build gets stand-ins that are never reached.

@@ -100,14 +100,13 @@ def test_redis_killed_and_restarted(repository, redis):
 
 
 def test_redis_down_at_start(repository, redis):
+    # As Triton's redis cache: the server pings Redis when it creates the cache, and does not
+    # start without it (an outage after start is served uncached, above).
     redis.stop()
-    with serve(repository, *redis.cache_args(retry_interval="200")) as server:
-        for _ in range(3):
-            np.testing.assert_array_equal(infer(server, DATA), DATA * 2)
-        assert stats(server)[2] == 3
-        redis.start()
-        wait_until(lambda: infer(server, DATA) is not None and stats(server)[0] > 0, timeout=30,
-                   interval=0.1, message="caching did not start once Redis came up")
+    with pytest.raises(ServerStartError) as info:
+        ServerProcess(repository, *redis.cache_args()).start(timeout=60, attempts=1)
+    assert (f"Failed to initialize RedisCache: failed to connect to Redis (127.0.0.1:{redis.port}): "
+            "Connection refused") in str(info.value)
 
 
 def test_redis_refusing_writes_is_not_an_outage(repository, redis):
@@ -156,13 +155,17 @@ def test_poisoned_entries_are_rejected(repository, redis, tmp_path):
     assert "rejected a malformed cached entry" in log or "Redis value" in log
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("port=sixty", "is not an integer"),
-    ("colour=blue", "unknown redis cache setting"),
+@pytest.mark.parametrize("settings, message", [
+    # Triton's texts (qa/L0_response_cache): host and port are required, the port reads as atoi
+    (["port=6379"], "Failed to initialize RedisCache, didn't specify address. Must at a minimum "
+                    "specify 'host' and 'port' in the configuration"),
+    (["host=127.0.0.1", "port=sixty"], "failed to connect to Redis (127.0.0.1:0): Connection refused"),
+    (["host=127.0.0.1", "port=1", "colour=blue"], "unknown redis cache setting"),
 ])
-def test_bad_redis_settings_fail_at_start(repository, setting, message):
+def test_bad_redis_settings_fail_at_start(repository, settings, message):
+    args = [a for s in settings for a in ("--cache-config", f"redis,{s}")]
     with pytest.raises(ServerStartError) as info:
-        ServerProcess(repository, "--cache-config", f"redis,{setting}").start(timeout=60, attempts=1)
+        ServerProcess(repository, *args).start(timeout=60, attempts=1)
     assert message in str(info.value)
 
 
@@ -176,11 +179,20 @@ def test_password_and_db_settings(repository):
 
         client = redis_py.Redis(host="127.0.0.1", port=redis.port, password="s3cret", db=3)
         assert len(client.keys("modelhost:*")) == 1
-        with serve(repository, *redis.cache_args(password="wrong")) as server:
-            np.testing.assert_array_equal(infer(server, DATA), DATA * 2)  # uncached, not failed
-            assert stats(server) == (0, 1, 1)
-            log = server.log_text()
-        assert log.count("is unreachable") == 1
+        # Refused credentials stop the server at start, with Redis's reply (Triton's behaviour)
+        for extra, env, reply in (({"password": "wrong"}, {}, "WRONGPASS invalid username-password pair"),
+                                  ({}, {}, "NOAUTH Authentication required."),
+                                  ({}, {"TRITONCACHE_REDIS_PASSWORD": "wrong"}, "WRONGPASS")):
+            with pytest.raises(ServerStartError) as info:
+                ServerProcess(repository, *redis.cache_args(**extra), env=env).start(
+                    timeout=60, attempts=1)
+            assert f"Failed to initialize RedisCache: {reply}" in str(info.value)
+        # Triton's environment variables give the credentials the settings leave out
+        with serve(repository, *redis.cache_args(db="3"),
+                   env={"TRITONCACHE_REDIS_USERNAME": "default",
+                        "TRITONCACHE_REDIS_PASSWORD": "s3cret"}) as server:
+            infer(server, DATA)
+            assert stats(server) == (1, 0, 0)  # the entry stored above
 
 
 def _certificates(directory: Path) -> dict[str, str]:

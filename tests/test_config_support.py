@@ -60,7 +60,6 @@ REFUSED_CONFIGS = {
     "instance_group.secondary_devices":
         "instance_group [ { secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]",
     "instance_group.passive": "instance_group [ { passive: true } ]",
-    "model_warmup": 'model_warmup [ { name: "w" batch_size: 1 } ]',
     "metric_tags": 'metric_tags { key: "team" value: "search" }',
     "model_operations": 'model_operations { op_library_filename: [ "libops.so" ] }',
     "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
@@ -148,7 +147,8 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2, 3 ] reshape { shape: [ 6 ] } } ] '
            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 6 ] reshape { shape: [ 2, 3 ] } }, '
            '{ name: "SEEN" data_type: TYPE_INT64 dims: [ 2 ] } ]', RESHAPE_MODEL)
-    _model(tmp_path, "warm", IO + 'model_warmup [ { name: "w" batch_size: 1 } ]', IDENTITY)
+    _model(tmp_path, "warm", IO + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" '
+           'value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]', IDENTITY)
     _model(tmp_path, "limited", IO + 'instance_group [ { rate_limiter { resources [ '
            '{ name: "R" count: 1 } ] } } ]', IDENTITY)
     _model(tmp_path, "half_passive", IO + "instance_group [ { name: \"active\" count: 1 }, "
@@ -168,7 +168,7 @@ def test_refusals_reshape_and_passive_instances_through_a_server(tmp_path):
         client = httpclient.InferenceServerClient(server.url)
         reasons = {m["name"]: m.get("reason", "") for m in client.get_model_repository_index()}
         assert "configuration field 'metric_tags' is not supported" in reasons["tagged_ensemble"]
-        assert "configuration field 'model_warmup' is not supported" in reasons["warm"]
+        assert reasons["warm"] == ""  # model_warmup is implemented (host.warmup)
         # --rate-limit=off (the default): a rate_limiter section is ignored, as in Triton
         assert reasons["limited"] == "" and client.is_model_ready("limited")
         if not devices.supported_gpus():  # Triton's refusal on a host without GPUs

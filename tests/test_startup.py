@@ -88,8 +88,8 @@ def test_busy_port(tmp_path, flag, name):
 def test_bad_cache_configuration(tmp_path):
     result = _start("--model-repository", str(_repository(tmp_path)),
                     "--cache-config", "local,size=lots")
-    _one_error_line(result, "bad response cache configuration: local cache size 'lots' is not "
-                            "an integer (fix --cache-config)")
+    _one_error_line(result, "bad response cache configuration: Failed to initialize LocalCache: "
+                            "size 'lots' is not an integer (fix --cache-config)")
 
 
 def test_model_failing_with_exit_on_error(tmp_path):

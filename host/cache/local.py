@@ -4,8 +4,9 @@
 
 `size` counts the bytes of the stored buffers plus a fixed overhead per entry and per buffer
 (`ENTRY_OVERHEAD`, `BUFFER_OVERHEAD`: the key, the bookkeeping), so the cache never holds more
-than `size` of what it accounts for. An entry that alone would exceed `size` is not stored (the
-request stays a miss; logged once). One lock guards the table; lookups and inserts are a few
+than `size` of what it accounts for. An entry that alone would exceed `size` is not stored: the
+insert fails with Triton's text, which the host logs as Triton does ("Failed to insert key ...";
+the request stays a miss). One lock guards the table; lookups and inserts are a few
 dictionary operations under it, never a copy: buffers are kept and returned as immutable `bytes`.
 """
 
@@ -22,7 +23,11 @@ log = logging.getLogger(__name__)
 
 ENTRY_OVERHEAD = 64 + KEY_BYTES
 BUFFER_OVERHEAD = 16
-MIN_SIZE = 1024  # as Triton's local cache: smaller sizes cannot hold a useful entry
+# Triton 2.51's local cache refuses sizes below 192 bytes (its buffer's own header does not fit:
+# "Could not initialize buffer ..."); 192 and more start, and a response too large is then
+# refused per insert.
+MIN_SIZE = 192
+INIT_FAILED = "Failed to initialize LocalCache: "  # Triton's prefix for a size it cannot use
 
 
 def entry_cost(entry: Entry) -> int:
@@ -36,12 +41,11 @@ class LocalCache:
     def __init__(self, size: int) -> None:
         if size < MIN_SIZE:
             raise InvalidArgumentError(
-                f"local cache size {size} is too small: it must be at least {MIN_SIZE} bytes")
+                f"{INIT_FAILED}size {size} is too small: it must be at least {MIN_SIZE} bytes")
         self.size = size
         self.used = 0
         self._table: OrderedDict[bytes, tuple[tuple[bytes, ...], int]] = OrderedDict()
         self._lock = threading.Lock()
-        self._warned_too_large = False
 
     @classmethod
     def from_config(cls, config: dict[str, str]) -> LocalCache:
@@ -55,7 +59,7 @@ class LocalCache:
         try:
             size = int(text)
         except ValueError:
-            raise InvalidArgumentError(f"local cache size '{text}' is not an integer") from None
+            raise InvalidArgumentError(f"{INIT_FAILED}size '{text}' is not an integer") from None
         return cls(size)
 
     def lookup(self, key: bytes) -> Entry | None:
@@ -69,12 +73,9 @@ class LocalCache:
     def insert(self, key: bytes, entry: Entry) -> None:
         buffers = tuple(map(bytes, entry))  # bytes(b) is b itself for bytes: no copy
         cost = entry_cost(buffers)
-        if cost > self.size:
-            if not self._warned_too_large:
-                self._warned_too_large = True
-                log.warning("a response of %d bytes does not fit in the local cache of %d bytes and "
-                            "is not cached (logged once)", cost, self.size)
-            return
+        if cost > self.size:  # Triton's text; the host logs it as a failed insert
+            raise InvalidArgumentError(
+                f"Requested byte_size: {cost} is greater than total cache size: {self.size}")
         with self._lock:
             old = self._table.pop(key, None)
             if old is not None:

@@ -26,7 +26,7 @@ from host.cache import codec
 from host.cache.base import ResponseCache
 from host.cache.key import cacheable_request, request_key
 from host.cache.native import load_native_cache
-from host.errors import InvalidArgumentError, NotFoundError
+from host.errors import HostError, InvalidArgumentError, NotFoundError
 from host.inference import InferenceResponse
 from host.plugins.hints import install_hint
 
@@ -50,9 +50,10 @@ def load_response_cache(config: dict[str, dict[str, str]], directory: Path | Non
     if not config:
         return None
     if len(config) > 1:
+        # Triton's text (its core refuses a second cache the same way)
         raise InvalidArgumentError(
-            f"--cache-config names {len(config)} caches ({', '.join(sorted(config))}); "
-            "a server uses one cache implementation")
+            "found multiple cache configurations, but only a single cache is currently "
+            f"supported (--cache-config names {', '.join(sorted(config))})")
     (name, settings), = config.items()
     record = registry.caches.get(name)
     if record is not None:
@@ -129,8 +130,11 @@ class CacheService:
             entry = codec.encode_entry(response.outputs)
             if entry is not None:
                 self.cache.insert(key, entry)
+        except HostError as exc:  # a refusal (e.g. too large for the cache): Triton's line
+            self._errors.error("Failed to insert key [%s] into response cache: %s", key.hex(), exc)
         except BaseException as exc:  # noqa: BLE001 - a cache plugin's failure is never the request's
-            self._errors.error("insert failed (response not cached): %s: %s", type(exc).__name__, exc)
+            self._errors.error("Failed to insert key [%s] into response cache (insert failed, "
+                               "response not cached): %s: %s", key.hex(), type(exc).__name__, exc)
 
 
 class Probe:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -137,6 +138,9 @@ class NativeInstance(Instance):
         self.handle = self._lib.instance_new(model.handle, spec.name, spec.kind, spec.device_id,
                                              policy, bool(spec.extra.get("passive", False)))
         self._execute = self._lib.execute
+        # a statistics request may come while the instance is being freed (unload)
+        self._free_lock = threading.Lock()
+        self._freed = False
 
     def initialize(self) -> None:
         try:
@@ -155,8 +159,15 @@ class NativeInstance(Instance):
     def reported_statistics(self) -> tuple[int, int, int] | None:
         return self._lib.take_statistics(self.handle)
 
+    def response_statistics(self) -> list[tuple[int, int, int, int, int, bool, bool]]:
+        """Per-response statistics reported since the last call (host.stats.response_reported)."""
+        with self._free_lock:
+            return [] if self._freed else self._lib.take_response_statistics(self.handle)
+
     def finalize(self) -> None:
         try:
             call(self._lib.instance_finalize, self.handle)
         finally:
-            self._lib.instance_free(self.handle)
+            with self._free_lock:
+                self._freed = True
+                self._lib.instance_free(self.handle)

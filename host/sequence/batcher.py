@@ -476,7 +476,15 @@ class SequenceBatcher:
             w.thread.join()
         self._reaper.join()
 
-    # --- introspection (tests, docs) -------------------------------------------------------
+    # --- introspection (metrics, tests, docs) ----------------------------------------------
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch, in the slots' sequences and in the
+        backlog (nv_inference_pending_request_count, counted at scrape time)."""
+        with self.lock:
+            queued = sum(len(s.sequence.queue) for w in self.workers for s in w.slots
+                         if s.sequence is not None)
+            return queued + sum(len(sequence.queue) for sequence in self._backlog)
+
     def active_sequences(self) -> int:
         with self.lock:
             return sum(1 for w in self.workers for s in w.slots if s.sequence is not None)

@@ -346,9 +346,13 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
   return NULL;
 }
 
-/* Per-response statistics (decoupled models): accepted, not yet reported by the host. */
+/* Per-response statistics (decoupled models), kept by response index of the request as
+ * Triton's InferenceStatsAggregator keeps them (success, fail, empty_response, cancel). */
 struct TRITONBACKEND_ModelInstanceResponseStatistics {
-  int unused;
+  TRITONBACKEND_ModelInstance* instance;
+  TRITONBACKEND_ResponseFactory* factory;
+  uint64_t response_start, compute_output_start, response_end;
+  TRITONSERVER_Error* error;
 };
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsNew(
@@ -366,50 +370,98 @@ MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsDelet
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsSetModelInstance(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics,
     TRITONBACKEND_ModelInstance* model_instance) {
-  (void)response_statistics;
-  (void)model_instance;
+  response_statistics->instance = model_instance;
   return NULL;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseFactory(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics,
     TRITONBACKEND_ResponseFactory* response_factory) {
-  (void)response_statistics;
-  (void)response_factory;
+  response_statistics->factory = response_factory;
   return NULL;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseStart(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics, uint64_t response_start) {
-  (void)response_statistics;
-  (void)response_start;
+  response_statistics->response_start = response_start;
   return NULL;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsSetComputeOutputStart(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics,
     uint64_t compute_output_start) {
-  (void)response_statistics;
-  (void)compute_output_start;
+  response_statistics->compute_output_start = compute_output_start;
   return NULL;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseEnd(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics, uint64_t response_end) {
-  (void)response_statistics;
-  (void)response_end;
+  response_statistics->response_end = response_end;
   return NULL;
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceResponseStatisticsSetError(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics, TRITONSERVER_Error* error) {
-  (void)response_statistics;
-  (void)error;
+  response_statistics->error = error;
   return NULL;
+}
+
+static TRITONSERVER_Error* invalid(const char* message) {
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, message);
 }
 
 MH_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportResponseStatistics(
     TRITONBACKEND_ModelInstanceResponseStatistics* response_statistics) {
-  (void)response_statistics;
+  const TRITONBACKEND_ModelInstanceResponseStatistics* rs = response_statistics;
+  if (rs->instance == NULL || rs->factory == NULL)
+    return invalid("response statistics need a model instance and a response factory");
+  const uint64_t start = rs->response_start, output = rs->compute_output_start,
+                 end = rs->response_end;
+  mh_response_stat stat = {0};
+  if (rs->error == NULL && output > 0) {
+    if (start > output) return invalid("Response start cannot happen after compute output start");
+    if (output > end) return invalid("Compute output start cannot happen after response end");
+    stat.kind = MH_RESPONSE_SUCCESS;
+    stat.infer_ns = output - start;
+    stat.output_ns = end - output;
+    stat.has_infer = stat.has_output = true;
+  } else if (rs->error == NULL) {
+    if (start > end) return invalid("Response start cannot happen after response end");
+    stat.kind = MH_RESPONSE_EMPTY;
+    stat.infer_ns = end - start;
+    stat.has_infer = true;
+  } else if (TRITONSERVER_ErrorCode(rs->error) == TRITONSERVER_ERROR_CANCELLED) {
+    if (start > end) return invalid("Response start cannot happen after response end");
+    stat.kind = MH_RESPONSE_CANCEL;
+  } else if (output > 0) {
+    if (start > output) return invalid("Response start cannot happen after compute output start");
+    if (output > end) return invalid("Compute output start cannot happen after response end");
+    stat.kind = MH_RESPONSE_FAIL;
+    stat.infer_ns = output - start;
+    stat.output_ns = end - output;
+    stat.has_infer = true;
+    stat.has_output = stat.output_ns > 0;
+  } else {
+    if (start > end) return invalid("Response start cannot happen after response end");
+    stat.kind = MH_RESPONSE_FAIL;
+    stat.infer_ns = end - start;
+    stat.has_infer = true;
+  }
+  stat.total_ns = end - start;
+  stat.index = atomic_fetch_add(&rs->factory->py->response_index, 1);
+  TRITONBACKEND_ModelInstance* i = rs->instance;
+  pthread_mutex_lock(&i->stats_lock);
+  if (i->responses_len == i->responses_cap) {
+    size_t cap = i->responses_cap ? i->responses_cap * 2 : 16;
+    mh_response_stat* grown = realloc(i->responses, cap * sizeof(*grown));
+    if (grown == NULL) {
+      pthread_mutex_unlock(&i->stats_lock);
+      return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    }
+    i->responses = grown;
+    i->responses_cap = cap;
+  }
+  i->responses[i->responses_len++] = stat;
+  pthread_mutex_unlock(&i->stats_lock);
   return NULL;
 }

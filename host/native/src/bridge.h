@@ -81,6 +81,7 @@ typedef struct mh_pyref {
   atomic_int refs;
   PyObject* request;
   atomic_bool factory; /* the backend took a response factory: it may answer after execute */
+  atomic_uint_fast64_t response_index; /* per-response statistics: the request's next response */
 } mh_pyref;
 void mh_pyref_unref(mh_pyref* ref);
 
@@ -145,6 +146,15 @@ typedef struct mh_reported {
   uint64_t requests, input_ns, infer_ns, output_ns; /* sums of per-request reports */
 } mh_reported;
 
+/* One response's statistics a backend reported (decoupled models), read back by the host. */
+typedef struct mh_response_stat {
+  uint64_t index;
+  int kind; /* MH_RESPONSE_SUCCESS ... */
+  uint64_t infer_ns, output_ns, total_ns;
+  bool has_infer, has_output;
+} mh_response_stat;
+enum { MH_RESPONSE_SUCCESS, MH_RESPONSE_FAIL, MH_RESPONSE_EMPTY, MH_RESPONSE_CANCEL };
+
 struct TRITONBACKEND_ModelInstance {
   TRITONBACKEND_Model* model;
   char* name;
@@ -155,6 +165,8 @@ struct TRITONBACKEND_ModelInstance {
   void* state;
   pthread_mutex_t stats_lock;
   mh_reported reported;
+  mh_response_stat* responses; /* per-response statistics since the host last took them */
+  size_t responses_len, responses_cap;
 };
 
 /* --- requests and responses (request.c) ---------------------------------------------- */

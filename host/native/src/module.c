@@ -325,6 +325,7 @@ static PyObject* py_instance_free(PyObject* self, PyObject* capsule) {
   if (i == NULL) return NULL;
   free(i->name);
   free(i->host_policy);
+  free(i->responses);
   pthread_mutex_destroy(&i->stats_lock);
   free(i);
   Py_RETURN_NONE;
@@ -411,6 +412,36 @@ static PyObject* py_take_statistics(PyObject* self, PyObject* capsule) {
   Py_RETURN_NONE;
 }
 
+/* The per-response statistics the backend reported since the last call: a list of
+ * (index, kind, infer_ns, output_ns, total_ns, has_infer, has_output), kind 0 success, 1 fail,
+ * 2 empty response, 3 cancel (host.stats aggregates them as Triton does). */
+static PyObject* py_take_response_statistics(PyObject* self, PyObject* capsule) {
+  (void)self;
+  TRITONBACKEND_ModelInstance* i = from_capsule(capsule, INSTANCE_CAPSULE);
+  if (i == NULL) return NULL;
+  pthread_mutex_lock(&i->stats_lock);
+  mh_response_stat* taken = i->responses;
+  size_t count = i->responses_len;
+  i->responses = NULL;
+  i->responses_len = i->responses_cap = 0;
+  pthread_mutex_unlock(&i->stats_lock);
+  PyObject* list = PyList_New((Py_ssize_t)count);
+  for (size_t k = 0; list != NULL && k < count; k++) {
+    const mh_response_stat* r = &taken[k];
+    PyObject* item = Py_BuildValue("(KiKKKOO)", (unsigned long long)r->index, r->kind,
+                                   (unsigned long long)r->infer_ns, (unsigned long long)r->output_ns,
+                                   (unsigned long long)r->total_ns, r->has_infer ? Py_True : Py_False,
+                                   r->has_output ? Py_True : Py_False);
+    if (item == NULL) {
+      Py_CLEAR(list);
+      break;
+    }
+    PyList_SET_ITEM(list, (Py_ssize_t)k, item);
+  }
+  free(taken);
+  return list;
+}
+
 /* --- module ------------------------------------------------------------------------------------------------------ */
 
 extern PyMethodDef mh_cache_methods[];
@@ -444,6 +475,7 @@ static PyMethodDef methods[] = {
     {"instance_free", py_instance_free, METH_O, NULL},
     {"execute", py_execute, METH_VARARGS, "execute(instance, requests)"},
     {"take_statistics", py_take_statistics, METH_O, NULL},
+    {"take_response_statistics", py_take_response_statistics, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,6 +27,7 @@ static mh_pyref* pyref_new(PyObject* request) {
   mh_pyref* ref = malloc(sizeof(*ref));
   atomic_init(&ref->refs, 1);
   atomic_init(&ref->factory, false);
+  atomic_init(&ref->response_index, 0);
   Py_INCREF(request);
   ref->request = request;
   return ref;

@@ -10,7 +10,13 @@ Settings (all strings on the command line; timeouts in milliseconds, as Triton's
     cacert_dir, key_prefix ("modelhost:"), ttl (seconds, 0: entries do not expire),
     retry_interval (1000: how often an unreachable Redis is tried again)
 
-When Redis cannot be reached, lookups are misses and inserts are dropped, so inference goes on
+As in Triton's redis cache: `host` and `port` must both be given (Triton's text otherwise), the
+port reads as C's atoi (a word is port 0), the credentials default to the environment variables
+TRITONCACHE_REDIS_USERNAME and TRITONCACHE_REDIS_PASSWORD, and the cache pings Redis when it is
+created: a server that cannot reach Redis, or is refused by it (WRONGPASS, NOAUTH), does not
+start, with Triton's "Failed to initialize RedisCache: ..." and the client library's reason.
+
+When Redis goes away later, lookups are misses and inserts are dropped, so inference goes on
 uncached; the outage is logged once when it starts and once when Redis is back, never per
 request. While it lasts no request waits on Redis: one attempt per `retry_interval` decides
 whether caching resumes.
@@ -19,15 +25,33 @@ whether caching resumes.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from dataclasses import dataclass, fields
 from typing import Any
 
 from host.cache.base import Entry
-from host.errors import InvalidArgumentError
+from host.errors import InternalError, InvalidArgumentError
 from modelhost_redis_cache.framing import frame, unframe
 
 log = logging.getLogger(__name__)
+
+
+MISSING_ADDRESS = (  # Triton's text
+    "Failed to initialize RedisCache, didn't specify address. Must at a minimum specify 'host' "
+    "and 'port' in the configuration - e.g. tritonserver --cache-config redis,host=redis "
+    "--cache-config redis,port=6379 --model-repository=/models ...")
+INIT_FAILED = "Failed to initialize RedisCache: "
+# redis-py strips the error code off these replies; hiredis (Triton's client) keeps it.
+_REPLY_CODES = (("invalid username-password pair", "WRONGPASS"),
+                ("Authentication required", "NOAUTH"))
+
+
+def _atoi(text: str) -> int:
+    """C's atoi: the number at the start of `text` (after blanks), 0 if there is none."""
+    match = re.match(r"\s*([+-]?\d+)", text)
+    return int(match.group(1)) if match else 0
 
 
 @dataclass(frozen=True)
@@ -53,8 +77,15 @@ class RedisSettings:
     @classmethod
     def parse(cls, config: dict[str, str]) -> RedisSettings:
         config = dict(config)
+        if "host" not in config or "port" not in config:
+            raise InvalidArgumentError(MISSING_ADDRESS)
+        config["port"] = str(_atoi(config["port"]))  # Triton reads it with atoi
         if "user" in config:  # Triton's name for it
             config.setdefault("username", config.pop("user"))
+        for name, variable in (("username", "TRITONCACHE_REDIS_USERNAME"),
+                               ("password", "TRITONCACHE_REDIS_PASSWORD")):
+            if name not in config and os.environ.get(variable):
+                config[name] = os.environ[variable]
         types = {f.name: f.type for f in fields(cls)}
         unknown = sorted(set(config) - set(types))
         if unknown:
@@ -107,11 +138,37 @@ class RedisCache:
             kwargs.update(connection_class=redis.SSLConnection, ssl_cert_reqs="required",
                           ssl_certfile=s.cert or None, ssl_keyfile=s.key or None,
                           ssl_ca_certs=s.cacert or None, ssl_ca_path=s.cacert_dir or None)
+        self._check_reachable(redis, kwargs)
         self.pool = redis.BlockingConnectionPool(**kwargs)
         self.client = redis.Redis(connection_pool=self.pool)
         self.address = f"{s.host}:{s.port}/{s.db}"
         self._retry_at = 0.0  # while Redis is down: when to try it again
         self._down = False
+
+    def _check_reachable(self, redis: Any, kwargs: dict[str, Any]) -> None:
+        """Ping once, as Triton's redis cache does when it is created: a Redis that cannot be
+        reached, or refuses these credentials, stops the server (Triton's texts)."""
+        s = self.settings
+        pool = redis.ConnectionPool(**{k: v for k, v in kwargs.items()
+                                       if k not in ("max_connections", "timeout")},
+                                    max_connections=1, protocol=2)
+        try:
+            redis.Redis(connection_pool=pool).ping()
+        except redis.AuthenticationError as exc:
+            text = str(exc)
+            for start, code in _REPLY_CODES:
+                if text.startswith(start):
+                    text = f"{code} {text}"
+            raise InternalError(INIT_FAILED + text) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
+            reason = (cause.strerror or str(cause)) if cause is not None else str(exc)
+            raise InternalError(
+                f"{INIT_FAILED}failed to connect to Redis ({s.host}:{s.port}): {reason}") from None
+        except redis.RedisError as exc:
+            raise InternalError(INIT_FAILED + str(exc)) from None
+        finally:
+            pool.disconnect()
 
     @classmethod
     def from_config(cls, config: dict[str, str]) -> RedisCache:
