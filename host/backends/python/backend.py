@@ -234,7 +234,10 @@ class _running:
 
 # --- locating and importing the model file ----------------------------------------------------
 
-def model_file(spec: ModelSpec) -> Path:
+def model_file(spec: ModelSpec, backend_model: Path | None = None) -> Path:
+    """The model's python file: its own, or a python-based backend's `model.py`."""
+    if backend_model is not None:
+        return backend_model
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
     path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
@@ -380,8 +383,18 @@ def triton_stub_argv() -> None:
 
 # --- backend / model / instance ----------------------------------------------------------------
 
+def model_dir(spec: ModelSpec, path: Path, backend_model: Path | None) -> str:
+    """What `pb_utils.get_model_dir()` answers: the folder of the model's python file, or for a
+    python-based backend (its `model.py` is shared) the model's version folder, as in Triton."""
+    return str(spec.path / str(spec.version)) if backend_model is not None else str(path.parent)
+
+
 class PythonBackend(Backend):
-    """Registered under the name "python"."""
+    """Registered under the name "python". A python-based backend (Triton's
+    `<backend-directory>/<name>/model.py`, for `backend: "<name>"`) is one of these with
+    `backend_model` set: every model using it runs that file (host.backends_pool)."""
+
+    backend_model: Path | None = None
 
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
@@ -389,8 +402,8 @@ class PythonBackend(Backend):
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
-        path = model_file(spec)
-        ctx = pb_utils._ModelContext(spec.name, str(path.parent))
+        path = model_file(spec, self.backend_model)
+        ctx = pb_utils._ModelContext(spec.name, model_dir(spec, path, self.backend_model))
         try:
             module = import_model_module(path, ctx, f"{spec.name}_autocomplete")
         except HostError:
@@ -429,21 +442,26 @@ class PythonBackend(Backend):
     def create_model(self, spec: ModelSpec) -> PythonModel:
         model = PythonModel(spec)
         model.backend_settings = self.config
+        model.backend_model = self.backend_model
         return model
 
 
 class PythonModel(Model):
     backend_settings: dict[str, str] = {}
+    backend_model: Path | None = None
 
     def initialize(self) -> None:
-        self.path = model_file(self.spec)
+        self.path = model_file(self.spec, self.backend_model)
+        self.model_dir = model_dir(self.spec, self.path, self.backend_model)
         cfg = self.spec.config
         self.output_names = [o.name for o in cfg.output]
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
         check_stub_name(spec.name)
         # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
-        if settings.execution_mode(self.spec, self.backend_settings) == "process":
+        # (A python-based backend's shared model.py runs in process.)
+        if (settings.execution_mode(self.spec, self.backend_settings) == "process"
+                and self.backend_model is None):
             from host.backends.python.process import ProcessInstance
 
             return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings))
@@ -499,7 +517,7 @@ class PythonInstance(Instance):
         self.name = spec.name
         self.module: types.ModuleType | None = None
         self.user: Any = None
-        self.ctx = pb_utils._ModelContext(model.spec.name, str(model.path.parent))
+        self.ctx = pb_utils._ModelContext(model.spec.name, model.model_dir)
         self.ctx.instance_name = spec.name  # named in Triton's model-control error texts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
