@@ -11,7 +11,11 @@ decoupled, argument_validation, python_based_backends, restart) against modelhos
 - python-based backends: `<backend-directory>/<name>/model.py` serves the models whose config
   says `backend: "<name>"`, and `get_model_dir()` is the model's version folder;
 - `import c_python_backend_utils` works (the restart model reads
-  `c_python_backend_utils.shared_memory.free_memory()`).
+  `c_python_backend_utils.shared_memory.free_memory()`);
+- model readiness asks the model's optional `is_ready()` (model_readiness): False, an exception
+  or a non-bool answer is "not ready", a coroutine is awaited, a call that takes longer than 5 s
+  answers "not ready" and a later check waits for its result; a process-mode instance whose stub
+  died is not ready ("Stub process '<instance>' is not healthy." in the log).
 
 Each model here is written for these tests; one server serves them all.
 """
@@ -19,7 +23,9 @@ Each model here is written for these tests; one server serves them all.
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import textwrap
 from pathlib import Path
 
@@ -160,6 +166,56 @@ class TritonPythonModel:
 """
 
 
+IDENTITY_CONFIG = """
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+READINESS_MODEL = """
+import asyncio
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+
+    {is_ready}
+"""
+
+READY_ANSWERS = {
+    "ready_true": "def is_ready(self):\n        return True",
+    "ready_false": "def is_ready(self):\n        return False",
+    "ready_raises": "def is_ready(self):\n        raise RuntimeError('check failed')",
+    "ready_not_bool": "def is_ready(self):\n        return 'ready'",
+    "ready_coroutine": ("async def is_ready(self):\n        await asyncio.sleep(0.01)\n"
+                        "        return True"),
+    "ready_slow": "def is_ready(self):\n        time.sleep(6)\n        return True",
+}
+
+STUB_PID_CONFIG = """
+backend: "python"
+parameters { key: "EXECUTION_MODE" value { string_value: "process" } }
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+"""
+
+STUB_PID_MODEL = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "PID", np.array([os.getpid()], np.int64))]) for _ in requests]
+"""
+
+
 def _write(repo: Path, name: str, config: str, code: str | None, version_files: dict | None = None) -> None:
     folder = repo / name / "1"
     folder.mkdir(parents=True)
@@ -184,6 +240,9 @@ def server(tmp_path_factory):
     for name, op in (("based_add", "add"), ("based_sub", "sub")):
         _write(repo, name, 'backend: "addsub_backend"\n', None, {"op.json": json.dumps({"op": op})})
     _write(repo, "c_utils", C_UTILS_CONFIG, C_UTILS_MODEL)
+    for name, is_ready in READY_ANSWERS.items():
+        _write(repo, name, IDENTITY_CONFIG, READINESS_MODEL.replace("{is_ready}", is_ready))
+    _write(repo, "stub_pid", STUB_PID_CONFIG, STUB_PID_MODEL)
     with serve(repo, "--backend-directory", str(backends)) as srv:
         yield srv
 
@@ -239,6 +298,45 @@ def test_c_python_backend_utils_is_importable(server):
     np.testing.assert_array_equal(first.as_numpy("OUTPUT0"), [1.5, 2.5])
     assert first.as_numpy("FREE")[0] > 0
     assert first.as_numpy("FREE")[0] == second.as_numpy("FREE")[0]
+
+
+@pytest.mark.parametrize("model,ready", [
+    ("ready_true", True), ("ready_false", False), ("ready_raises", False),
+    ("ready_not_bool", False), ("ready_coroutine", True)])
+def test_user_defined_is_ready(server, model, ready):
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert http.is_model_ready(model) is ready
+    assert grpc.is_model_ready(model) is ready
+    # Not ready or not, the model still serves (as in Triton).
+    inp = httpclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+    np.testing.assert_array_equal(http.infer(model, [inp]).as_numpy("OUTPUT0"), [1.0, 2.0])
+
+
+def test_is_ready_that_times_out(server):
+    http = httpclient.InferenceServerClient(server.url, network_timeout=30)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    # The check gives up after 5 s; the call goes on, and the next check waits for its answer.
+    assert http.is_model_ready("ready_slow") is False
+    assert grpc.is_model_ready("ready_slow") is True
+
+
+def test_dead_stub_is_not_ready(server):
+    client = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.is_model_ready("stub_pid")
+    pid = int(client.infer("stub_pid", []).as_numpy("PID")[0])
+    assert pid != os.getpid()
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):  # until the host has seen it go
+        if not client.is_model_ready("stub_pid"):
+            break
+    assert client.is_model_ready("stub_pid") is False
+    assert grpc.is_model_ready("stub_pid") is False
+    # The next request starts the stub again, and the model is ready again.
+    assert int(client.infer("stub_pid", []).as_numpy("PID")[0]) != pid
+    assert client.is_model_ready("stub_pid") is True
 
 
 # --- argument validation (no server: the checks are in pb_utils itself) ------------------------

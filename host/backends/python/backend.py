@@ -41,7 +41,8 @@ Request rescheduling (`request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RE
 iterative sequences): once execute returns, the request runs again; a non-decoupled model returns
 None for it (anything else fails the execute with Triton's message). Thread mode only.
 
-Not supported (yet): the optional `is_ready()`; GPU-resident tensors
+The optional `is_ready()` is asked on every model-readiness request (`PythonInstance.ready_check`,
+as Triton's TRITONBACKEND_ModelInstanceReady). Not supported (yet): GPU-resident tensors
 (tensors live in CPU memory); custom metrics of process-mode instances are not exported.
 """
 
@@ -468,6 +469,52 @@ class PythonModel(Model):
         return PythonInstance(self, spec)
 
 
+# How long a readiness request waits for the model's is_ready() (Triton's
+# kUserModelReadinessTimeoutMs).
+READINESS_TIMEOUT_S = 5.0
+
+
+class _Readiness:
+    """One instance's `is_ready()` calls, as Triton's python backend makes them: one at a time
+    (a check that arrives while one runs waits for its result, up to the timeout); a check that
+    times out answers "not ready" and leaves the call running, whose result the next check that
+    was waiting for it gets."""
+
+    def __init__(self, instance_name: str) -> None:
+        self._name = instance_name
+        self._cv = threading.Condition()
+        self._inflight = False
+        self._ready = False
+        self._error = ""
+
+    def check(self, call: Any) -> str:
+        with self._cv:
+            if self._inflight:
+                if not self._cv.wait_for(lambda: not self._inflight, READINESS_TIMEOUT_S):
+                    return "Timed out waiting for in-flight is_ready() response"
+                return self._why()
+            self._inflight = True
+            threading.Thread(target=self._run, args=(call,), daemon=True,
+                             name="is_ready").start()
+            if not self._cv.wait_for(lambda: not self._inflight, READINESS_TIMEOUT_S):
+                return "Timed out waiting for user-defined is_ready() response"
+            return self._why()
+
+    def _run(self, call: Any) -> None:
+        try:
+            ready, error = call()
+        except BaseException as exc:  # noqa: BLE001 - the waiters must hear of it
+            ready, error = False, str(exc) or type(exc).__name__
+        with self._cv:
+            self._ready, self._error, self._inflight = ready, error, False
+            self._cv.notify_all()
+
+    def _why(self) -> str:
+        if self._error:
+            return self._error
+        return "" if self._ready else f"Model '{self._name}' is not ready (user-defined check failed)."
+
+
 class _RequestState:
     """One request in one execute: its host request, the model-facing wrapper and its sender."""
 
@@ -521,6 +568,7 @@ class PythonInstance(Instance):
         self.ctx.instance_name = spec.name  # named in Triton's model-control error texts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self._readiness = _Readiness(spec.name)
 
     # --- lifecycle ---
 
@@ -567,6 +615,32 @@ class PythonInstance(Instance):
             forget_module(self.module)
             _drop_runtime(self.ctx.model_dir)
             self.user = None
+
+    # --- readiness ---
+
+    def ready_check(self) -> str:
+        """The model's optional `is_ready()`, asked when a client asks whether the model is
+        ready: "" when it is, else why not (Triton's texts; host.core logs them)."""
+        user = self.user
+        fn = getattr(user, "is_ready", None) if user is not None else None
+        if fn is None:
+            return ""
+        return self._readiness.check(lambda: self._call_is_ready(fn))
+
+    def _call_is_ready(self, fn: Any) -> tuple[bool, str]:
+        """(ready, error) of one `is_ready()` call, as Triton's stub judges its result."""
+        token = pb_utils._ACTIVE.set(self.ctx)
+        try:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = self._run_coroutine(result)
+        except Exception as exc:  # noqa: BLE001 - the model's failure means "not ready"
+            return False, _exception_text(exc)
+        finally:
+            pb_utils._ACTIVE.reset(token)
+        if not isinstance(result, bool):
+            return False, "is_ready() must return a boolean value"
+        return result, ""
 
     # --- execute ---
 

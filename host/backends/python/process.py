@@ -239,6 +239,14 @@ class ProcessInstance(Instance):
     def initialize(self) -> None:
         self.child = self._start()
 
+    def ready_check(self) -> str:
+        """Asked on every model-readiness request (host.core): a stub that died is not ready
+        until a request starts it again (the model's own is_ready() is not asked in this mode)."""
+        child = getattr(self, "child", None)
+        if child is None or child.dead or child.proc.poll() is not None:
+            return f"Stub process '{self.name}' is not healthy."
+        return ""
+
     def _start(self) -> _Child:
         mspec = self.model.spec
         in_arena = Arena.create(self.arena_bytes, "in")
