@@ -257,7 +257,11 @@ class ProcessInstance(Instance):
         widened = affinity.widen()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "host.backends.python.stub", str(child_end.fileno())],
+                # The stub's command line names Triton's stub binary and the instance, so that
+                # tools that find Triton's stubs by name (`pgrep -f triton_python_backend_stub`,
+                # as Triton's QA scripts do) find these (the stub reads only its first argument).
+                [sys.executable, "-m", "host.backends.python.stub", str(child_end.fileno()),
+                 "triton_python_backend_stub", self.name],
                 pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL)
         except BaseException:
             for a in (in_arena, out_arena):
