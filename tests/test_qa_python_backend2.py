@@ -15,17 +15,21 @@ decoupled, argument_validation, python_based_backends, restart) against modelhos
 - model readiness asks the model's optional `is_ready()` (model_readiness): False, an exception
   or a non-bool answer is "not ready", a coroutine is awaited, a call that takes longer than 5 s
   answers "not ready" and a later check waits for its result; a process-mode instance whose stub
-  died is not ready ("Stub process '<instance>' is not healthy." in the log).
+  died is not ready ("Stub process '<instance>' is not healthy." in the log);
+- an EXECUTION_ENV_PATH archive that Triton's secure extraction refuses (an entry with '..' or an
+  absolute path) fails the model's load with Triton's text (env/zipslip_test.py); others load.
 
 Each model here is written for these tests; one server serves them all.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
 import signal
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -243,6 +247,14 @@ def server(tmp_path_factory):
     for name, is_ready in READY_ANSWERS.items():
         _write(repo, name, IDENTITY_CONFIG, READINESS_MODEL.replace("{is_ready}", is_ready))
     _write(repo, "stub_pid", STUB_PID_CONFIG, STUB_PID_MODEL)
+    env = 'parameters: {key: "EXECUTION_ENV_PATH", value: {string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz"}}\n'
+    for name, entry in (("env_dotdot", "../../escaped"), ("env_absolute", "/tmp/escaped"),
+                        ("env_fine", "bin/activate")):
+        _write(repo, name, IDENTITY_CONFIG + env, READINESS_MODEL.replace("{is_ready}", ""))
+        with tarfile.open(repo / name / "env.tar.gz", "w:gz") as archive:
+            info = tarfile.TarInfo(entry)
+            info.size = 4
+            archive.addfile(info, io.BytesIO(b"test"))
     with serve(repo, "--backend-directory", str(backends)) as srv:
         yield srv
 
@@ -337,6 +349,17 @@ def test_dead_stub_is_not_ready(server):
     # The next request starts the stub again, and the model is ready again.
     assert int(client.infer("stub_pid", []).as_numpy("PID")[0]) != pid
     assert client.is_model_ready("stub_pid") is True
+
+
+def test_execution_env_archive_that_escapes_is_refused(server):
+    client = httpclient.InferenceServerClient(server.url)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert client.is_model_ready("env_fine")
+    for name, why in (("env_dotdot", "Path contains '..'"), ("env_absolute", "Path is absolute")):
+        assert not client.is_model_ready(name)
+        assert index[name]["state"] == "UNAVAILABLE"
+        assert (f"archive_write_header() failed with error code = -25 error message is {why}"
+                in index[name]["reason"])
 
 
 # --- argument validation (no server: the checks are in pb_utils itself) ------------------------

@@ -58,6 +58,7 @@ import logging
 import os
 import re
 import sys
+import tarfile
 import threading
 import traceback
 import types
@@ -82,7 +83,7 @@ from host.errors import Code as _Code
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
 from host.inference import Tensor as HostTensor
-from host.paths import resolve_inside
+from host.paths import execution_env_path, resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +383,26 @@ def triton_stub_argv() -> None:
     sys.argv = [""]
 
 
+def check_env_archive(path: Path) -> None:
+    """An EXECUTION_ENV_PATH archive is not unpacked here (models run in the server's Python),
+    but one that Triton would refuse to unpack (libarchive's secure-extraction rules: an entry
+    with an absolute path or a '..' component) fails the load with Triton's error."""
+    if not path.is_file():
+        return
+    try:
+        with tarfile.open(path) as archive:
+            for member in archive:
+                why = ("Path is absolute" if member.name.startswith("/") else
+                       "Path contains '..'" if ".." in member.name.split("/") else "")
+                if why:
+                    raise InternalError(
+                        f"archive_write_header() failed with error code = -25 error message "
+                        f"is {why}")
+    except tarfile.TarError as exc:
+        raise InternalError(
+            f"archive_read_next_header() failed for EXECUTION_ENV_PATH '{path}': {exc}") from None
+
+
 # --- backend / model / instance ----------------------------------------------------------------
 
 def model_dir(spec: ModelSpec, path: Path, backend_model: Path | None) -> str:
@@ -454,6 +475,9 @@ class PythonModel(Model):
     def initialize(self) -> None:
         self.path = model_file(self.spec, self.backend_model)
         self.model_dir = model_dir(self.spec, self.path, self.backend_model)
+        env = self.spec.config.parameters.get("EXECUTION_ENV_PATH")
+        if env is not None and env.string_value:
+            check_env_archive(execution_env_path(self.spec.path, env.string_value))
         cfg = self.spec.config
         self.output_names = [o.name for o in cfg.output]
 
