@@ -388,6 +388,10 @@ def test_inference_request_arguments():
         pb_utils.InferenceRequest(**ok, correlation_id=1.5)
     assert pb_utils.InferenceRequest(**ok, correlation_id="id-5").correlation_id() == "id-5"
     pb_utils.InferenceRequest(requested_output_names=[], inputs=[], model_name="my_model")
+    # std::string arguments take bytes too (a BYTES input's element as the model name).
+    by_bytes = pb_utils.InferenceRequest(requested_output_names=[b"out"], inputs=[],
+                                         model_name=b"my_model")
+    assert by_bytes._model_name == "my_model" and by_bytes._requested_output_names == ["out"]
 
 
 def test_inference_response_tensor_and_logger_arguments():

@@ -361,8 +361,9 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_borrowed")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str) or numpy_array is None:
+        if not isinstance(name, (str, bytes)) or numpy_array is None:
             raise _incompatible("__init__", "Tensor(name: str, numpy_array: numpy.ndarray)")
+        name = _std_string(name)
         if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
@@ -523,11 +524,11 @@ class InferenceRequest:
         # Triton's binding (pybind11) takes no None for these and converts each by its type: a
         # mismatch is a TypeError; a None input tensor and an empty output name get through it
         # and are refused by the request itself (TritonModelException, Triton's texts).
-        if (not isinstance(request_id, str) or correlation_id is None
+        if (not isinstance(request_id, (str, bytes)) or correlation_id is None
                 or not isinstance(inputs, (list, tuple))
                 or not isinstance(requested_output_names, (list, tuple))
-                or not all(isinstance(n, str) for n in requested_output_names)
-                or not isinstance(model_name, str)
+                or not all(isinstance(n, (str, bytes)) for n in requested_output_names)
+                or not isinstance(model_name, (str, bytes))
                 or not all(isinstance(v, int) for v in (model_version, flags, timeout))
                 or not all(t is None or isinstance(t, Tensor) for t in inputs)):
             raise _incompatible("__init__", "InferenceRequest(request_id: str = '', "
@@ -538,13 +539,14 @@ class InferenceRequest:
                                 "trace: InferenceTrace = ..., parameters: object = None)")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
+        request_id, model_name = _std_string(request_id), _std_string(model_name)
         for t in inputs:
             if t is None:
                 raise TritonModelException(
                     f"Input tensor for request with id '{request_id}' and model name "
                     f"'{model_name}' should not be empty.")
         for n in requested_output_names:
-            if n == "":
+            if n in ("", b""):
                 raise TritonModelException(
                     f"Requested output name for request with id '{request_id}' and model name "
                     f"'{model_name}' should not be empty.")
