@@ -100,6 +100,14 @@ class BackendPool:
                         f"backend '{name}' is provided by no installed plugin; found native library "
                         f"'{lib}', but native Triton backends are not supported by this build")
                 return self.native_loader(lib, name, self.settings(name))
+        if self.backend_directory is not None and "python" in self.registry.backends:
+            # Triton's python-based backends: `<backend-directory>/<name>/model.py` runs every
+            # model of that backend through the python backend.
+            backend_model = self.backend_directory / name / "model.py"
+            if backend_model.is_file():
+                python = self.registry.backends["python"].factory(name)
+                python.backend_model = backend_model  # type: ignore[attr-defined]
+                return python
         known = ", ".join(sorted(self.registry.backends)) or "none"
         hint = install_hint(name, self.registry)
         raise NotFoundError(

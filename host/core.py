@@ -162,9 +162,17 @@ class Host:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            self.manager.get(name, _version(version))
+            mv = self.manager.get(name, _version(version))
         except HostError:
             return False
+        # A backend's own readiness check per instance (Triton's TRITONBACKEND_ModelInstanceReady:
+        # the python backend's stub health and the model's is_ready()).
+        for slot in mv.slots:
+            check = getattr(slot.instance, "ready_check", None)
+            why = check() if check is not None else ""
+            if why:
+                log.error("Model '%s' version %s is not ready: %s", name, mv.version, why)
+                return False
         return True
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
@@ -321,8 +329,11 @@ class Host:
     def trace_setting(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
         """Triton's trace extension: the effective setting of `model` (or the global one), after
         applying `changes` (setting -> text value, a list for trace_level, None to clear)."""
-        if model and not self.model_ready(model):
-            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if model:
+            try:
+                self.manager.get(model, _version(""))
+            except HostError:
+                raise InvalidArgumentError(f"Request for unknown model : {model}") from None
         if changes:
             return self.tracer.update(model, changes)
         return self.tracer.get(model)

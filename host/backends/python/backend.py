@@ -41,7 +41,8 @@ Request rescheduling (`request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RE
 iterative sequences): once execute returns, the request runs again; a non-decoupled model returns
 None for it (anything else fails the execute with Triton's message). Thread mode only.
 
-Not supported (yet): the optional `is_ready()`; GPU-resident tensors
+The optional `is_ready()` is asked on every model-readiness request (`PythonInstance.ready_check`,
+as Triton's TRITONBACKEND_ModelInstanceReady). Not supported (yet): GPU-resident tensors
 (tensors live in CPU memory); custom metrics of process-mode instances are not exported.
 """
 
@@ -57,6 +58,7 @@ import logging
 import os
 import re
 import sys
+import tarfile
 import threading
 import traceback
 import types
@@ -81,7 +83,7 @@ from host.errors import Code as _Code
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
 from host.inference import Tensor as HostTensor
-from host.paths import resolve_inside
+from host.paths import execution_env_path, resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +236,10 @@ class _running:
 
 # --- locating and importing the model file ----------------------------------------------------
 
-def model_file(spec: ModelSpec) -> Path:
+def model_file(spec: ModelSpec, backend_model: Path | None = None) -> Path:
+    """The model's python file: its own, or a python-based backend's `model.py`."""
+    if backend_model is not None:
+        return backend_model
     filename = spec.default_model_filename or DEFAULT_MODEL_FILENAME
     path = resolve_inside(spec.path, filename, "default_model_filename", under=str(spec.version))
     if not path.is_file():
@@ -399,18 +404,48 @@ def triton_stub_argv() -> None:
     sys.argv = [""]
 
 
+def check_env_archive(path: Path) -> None:
+    """An EXECUTION_ENV_PATH archive is not unpacked here (models run in the server's Python),
+    but one that Triton would refuse to unpack (libarchive's secure-extraction rules: an entry
+    with an absolute path or a '..' component) fails the load with Triton's error."""
+    if not path.is_file():
+        return
+    try:
+        with tarfile.open(path) as archive:
+            for member in archive:
+                why = ("Path is absolute" if member.name.startswith("/") else
+                       "Path contains '..'" if ".." in member.name.split("/") else "")
+                if why:
+                    raise InternalError(
+                        f"archive_write_header() failed with error code = -25 error message "
+                        f"is {why}")
+    except tarfile.TarError as exc:
+        raise InternalError(
+            f"archive_read_next_header() failed for EXECUTION_ENV_PATH '{path}': {exc}") from None
+
+
 # --- backend / model / instance ----------------------------------------------------------------
 
+def model_dir(spec: ModelSpec, path: Path, backend_model: Path | None) -> str:
+    """What `pb_utils.get_model_dir()` answers: the folder of the model's python file, or for a
+    python-based backend (its `model.py` is shared) the model's version folder, as in Triton."""
+    return str(spec.path / str(spec.version)) if backend_model is not None else str(path.parent)
+
+
 class PythonBackend(Backend):
-    """Registered under the name "python"."""
+    """Registered under the name "python". A python-based backend (Triton's
+    `<backend-directory>/<name>/model.py`, for `backend: "<name>"`) is one of these with
+    `backend_model` set: every model using it runs that file (host.backends_pool)."""
+
+    backend_model: Path | None = None
 
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
-        path = model_file(spec)
-        ctx = pb_utils._ModelContext(spec.name, str(path.parent))
+        path = model_file(spec, self.backend_model)
+        ctx = pb_utils._ModelContext(spec.name, model_dir(spec, path, self.backend_model))
         try:
             module = import_model_module(path, ctx, f"{spec.name}_autocomplete")
         except HostError:
@@ -449,25 +484,79 @@ class PythonBackend(Backend):
     def create_model(self, spec: ModelSpec) -> PythonModel:
         model = PythonModel(spec)
         model.backend_settings = self.config
+        model.backend_model = self.backend_model
         return model
 
 
 class PythonModel(Model):
     backend_settings: dict[str, str] = {}
+    backend_model: Path | None = None
 
     def initialize(self) -> None:
-        self.path = model_file(self.spec)
+        self.path = model_file(self.spec, self.backend_model)
+        self.model_dir = model_dir(self.spec, self.path, self.backend_model)
+        env = self.spec.config.parameters.get("EXECUTION_ENV_PATH")
+        if env is not None and env.string_value:
+            check_env_archive(execution_env_path(self.spec.path, env.string_value))
         cfg = self.spec.config
         self.output_names = [o.name for o in cfg.output]
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
         check_stub_name(spec.name)
         # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
-        if settings.execution_mode(self.spec, self.backend_settings) == "process":
+        # (A python-based backend's shared model.py runs in process.)
+        if (settings.execution_mode(self.spec, self.backend_settings) == "process"
+                and self.backend_model is None):
             from host.backends.python.process import ProcessInstance
 
             return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings))
         return PythonInstance(self, spec)
+
+
+# How long a readiness request waits for the model's is_ready() (Triton's
+# kUserModelReadinessTimeoutMs).
+READINESS_TIMEOUT_S = 5.0
+
+
+class _Readiness:
+    """One instance's `is_ready()` calls, as Triton's python backend makes them: one at a time
+    (a check that arrives while one runs waits for its result, up to the timeout); a check that
+    times out answers "not ready" and leaves the call running, whose result the next check that
+    was waiting for it gets."""
+
+    def __init__(self, instance_name: str) -> None:
+        self._name = instance_name
+        self._cv = threading.Condition()
+        self._inflight = False
+        self._ready = False
+        self._error = ""
+
+    def check(self, call: Any) -> str:
+        with self._cv:
+            if self._inflight:
+                if not self._cv.wait_for(lambda: not self._inflight, READINESS_TIMEOUT_S):
+                    return "Timed out waiting for in-flight is_ready() response"
+                return self._why()
+            self._inflight = True
+            threading.Thread(target=self._run, args=(call,), daemon=True,
+                             name="is_ready").start()
+            if not self._cv.wait_for(lambda: not self._inflight, READINESS_TIMEOUT_S):
+                return "Timed out waiting for user-defined is_ready() response"
+            return self._why()
+
+    def _run(self, call: Any) -> None:
+        try:
+            ready, error = call()
+        except BaseException as exc:  # noqa: BLE001 - the waiters must hear of it
+            ready, error = False, str(exc) or type(exc).__name__
+        with self._cv:
+            self._ready, self._error, self._inflight = ready, error, False
+            self._cv.notify_all()
+
+    def _why(self) -> str:
+        if self._error:
+            return self._error
+        return "" if self._ready else f"Model '{self._name}' is not ready (user-defined check failed)."
 
 
 class _RequestState:
@@ -519,10 +608,11 @@ class PythonInstance(Instance):
         self.name = spec.name
         self.module: types.ModuleType | None = None
         self.user: Any = None
-        self.ctx = pb_utils._ModelContext(model.spec.name, str(model.path.parent))
+        self.ctx = pb_utils._ModelContext(model.spec.name, model.model_dir)
         self.ctx.instance_name = spec.name  # named in Triton's model-control error texts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self._readiness = _Readiness(spec.name)
 
     # --- lifecycle ---
 
@@ -569,6 +659,32 @@ class PythonInstance(Instance):
             forget_module(self.module)
             _drop_runtime(self.ctx.model_dir)
             self.user = None
+
+    # --- readiness ---
+
+    def ready_check(self) -> str:
+        """The model's optional `is_ready()`, asked when a client asks whether the model is
+        ready: "" when it is, else why not (Triton's texts; host.core logs them)."""
+        user = self.user
+        fn = getattr(user, "is_ready", None) if user is not None else None
+        if fn is None:
+            return ""
+        return self._readiness.check(lambda: self._call_is_ready(fn))
+
+    def _call_is_ready(self, fn: Any) -> tuple[bool, str]:
+        """(ready, error) of one `is_ready()` call, as Triton's stub judges its result."""
+        token = pb_utils._ACTIVE.set(self.ctx)
+        try:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = self._run_coroutine(result)
+        except Exception as exc:  # noqa: BLE001 - the model's failure means "not ready"
+            return False, _exception_text(exc)
+        finally:
+            pb_utils._ACTIVE.reset(token)
+        if not isinstance(result, bool):
+            return False, "is_ready() must return a boolean value"
+        return result, ""
 
     # --- execute ---
 

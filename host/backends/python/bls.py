@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
 
 from host import bls
-from host.errors import Code, HostError
+from host.errors import Code, HostError, InternalError
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
 from host.inference import RequestedOutput
@@ -119,11 +119,27 @@ def _start(call: pb.InferenceRequest, decoupled: bool) -> _Call | pb.InferenceRe
             "models using the decoupled transaction policy. Please use 'decoupled=True' argument "
             "to the 'exec' or 'async_exec' calls for decoupled models.'"))
     pending = _Call(_host_request(call))
+    if decoupled and not getattr(mv.scheduler, "queues", False):
+        # This scheduler runs the callee on the submitting thread: its whole execute would run
+        # before exec() returns, so the caller could neither read its responses as they come
+        # nor cancel it (Triton's callee runs on its own thread). Submit from a pool thread.
+        _executor.submit(_submit_detached, host, pending)
+        return pending
     try:
         host.submit(pending.request, pending.on_response)
     except HostError as exc:
         return _failed(name, exc.message)
     return pending
+
+
+def _submit_detached(host: Any, pending: _Call) -> None:
+    """`host.submit` on a pool thread; a refusal becomes the call's one (final) response."""
+    try:
+        host.submit(pending.request, pending.on_response)
+    except Exception as exc:  # noqa: BLE001 - the caller waits on the queue: it must hear of it
+        message = exc.message if isinstance(exc, HostError) else str(exc)
+        pending.on_response(HostResponse(error=InternalError(
+            f"Model {pending.request.model_name} - Error when running inference: {message}")), True)
 
 
 def execute(call: pb.InferenceRequest, decoupled: bool = False) -> Any:

@@ -347,6 +347,12 @@ def _capsule_from_array(array: np.ndarray) -> Any:
     return array.__dlpack__()
 
 
+def _incompatible(function: str, signature: str) -> TypeError:
+    """The TypeError Triton's pybind11 bindings raise for arguments of the wrong type."""
+    return TypeError(f"{function}(): incompatible function arguments. The following argument "
+                     f"types are supported:\n    1. {signature}\n")
+
+
 # --- tensors ---------------------------------------------------------------------------------
 
 class Tensor:
@@ -355,7 +361,10 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_borrowed")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str) or name == "":
+        if not isinstance(name, (str, bytes)) or numpy_array is None:
+            raise _incompatible("__init__", "Tensor(name: str, numpy_array: numpy.ndarray)")
+        name = _std_string(name)
+        if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         datatype = _datatype_of_array(array)
@@ -512,11 +521,35 @@ class InferenceRequest:
                  model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None,
                  trace: InferenceTrace | None = None, parameters: dict | None = None) -> None:
-        if inputs is None or requested_output_names is None or model_name is None:
-            raise TypeError("InferenceRequest() needs 'inputs', 'requested_output_names' and "
-                            "'model_name'")
+        # Triton's binding (pybind11) takes no None for these and converts each by its type: a
+        # mismatch is a TypeError; a None input tensor and an empty output name get through it
+        # and are refused by the request itself (TritonModelException, Triton's texts).
+        if (not isinstance(request_id, (str, bytes)) or correlation_id is None
+                or not isinstance(inputs, (list, tuple))
+                or not isinstance(requested_output_names, (list, tuple))
+                or not all(isinstance(n, (str, bytes)) for n in requested_output_names)
+                or not isinstance(model_name, (str, bytes))
+                or not all(isinstance(v, int) for v in (model_version, flags, timeout))
+                or not all(t is None or isinstance(t, Tensor) for t in inputs)):
+            raise _incompatible("__init__", "InferenceRequest(request_id: str = '', "
+                                "correlation_id: object = 0, inputs: List[Tensor], "
+                                "requested_output_names: List[str], model_name: str, "
+                                "model_version: int = -1, flags: int = 0, timeout: int = 0, "
+                                "preferred_memory: PreferredMemory = ..., "
+                                "trace: InferenceTrace = ..., parameters: object = None)")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
+        request_id, model_name = _std_string(request_id), _std_string(model_name)
+        for t in inputs:
+            if t is None:
+                raise TritonModelException(
+                    f"Input tensor for request with id '{request_id}' and model name "
+                    f"'{model_name}' should not be empty.")
+        for n in requested_output_names:
+            if n in ("", b""):
+                raise TritonModelException(
+                    f"Requested output name for request with id '{request_id}' and model name "
+                    f"'{model_name}' should not be empty.")
         self._preferred_memory = preferred_memory or PreferredMemory()
         self._request_id = _std_string(request_id)
         self._correlation_id = correlation_id
@@ -628,17 +661,18 @@ ResponseIterator = _bls.ResponseIterator
 class InferenceResponse:
     """A model's response: output tensors, or an error."""
 
-    def __init__(self, output_tensors: Any = None, error: TritonError | None = None,
+    def __init__(self, output_tensors: Any = (), error: TritonError | None = None,
                  parameters: dict | None = None) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, (list, tuple)):
-            raise TritonModelException('"output_tensors" must be a list.')
+        # As Triton's binding: not a list of tensors is a TypeError; a None tensor in the list
+        # gets through it and the response refuses it.
+        if (not isinstance(output_tensors, (list, tuple))
+                or not all(t is None or isinstance(t, Tensor) for t in output_tensors)):
+            raise _incompatible("__init__", "InferenceResponse(output_tensors: List[Tensor] = [], "
+                                "error: TritonError = None, parameters: object = None)")
         for t in output_tensors:
-            if not isinstance(t, Tensor):
+            if t is None:
                 raise TritonModelException(
-                    f"InferenceResponse output tensors must be pb_utils.Tensor objects, "
-                    f"found type {type(t)}")
+                    "Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException(
                 f"InferenceResponse error must be a pb_utils.TritonError, found type {type(error)}")
@@ -770,6 +804,11 @@ class Logger:
 
     @staticmethod
     def _log(message: str, level: LogLevel) -> None:
+        # Triton's binding takes a str message and a LogLevel (not a plain int): else TypeError.
+        if not isinstance(message, (str, bytes)) or not isinstance(level, Logger.LogLevel):
+            raise _incompatible("log", "(message: str, level: Logger.LogLevel = LogLevel.INFO)")
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
         ctx = _current_context()
         logger = ctx.logger if ctx is not None else logging.getLogger("host.models")
         # stacklevel 3: the model's line, not this module's

@@ -239,6 +239,14 @@ class ProcessInstance(Instance):
     def initialize(self) -> None:
         self.child = self._start()
 
+    def ready_check(self) -> str:
+        """Asked on every model-readiness request (host.core): a stub that died is not ready
+        until a request starts it again (the model's own is_ready() is not asked in this mode)."""
+        child = getattr(self, "child", None)
+        if child is None or child.dead or child.proc.poll() is not None:
+            return f"Stub process '{self.name}' is not healthy."
+        return ""
+
     def _start(self) -> _Child:
         mspec = self.model.spec
         in_arena = Arena.create(self.arena_bytes, "in")
@@ -249,7 +257,11 @@ class ProcessInstance(Instance):
         widened = affinity.widen()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "host.backends.python.stub", str(child_end.fileno())],
+                # The stub's command line names Triton's stub binary and the instance, so that
+                # tools that find Triton's stubs by name (`pgrep -f triton_python_backend_stub`,
+                # as Triton's QA scripts do) find these (the stub reads only its first argument).
+                [sys.executable, "-m", "host.backends.python.stub", str(child_end.fileno()),
+                 "triton_python_backend_stub", self.name],
                 pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL)
         except BaseException:
             for a in (in_arena, out_arena):
