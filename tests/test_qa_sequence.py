@@ -1,0 +1,168 @@
+"""Sequence batching as Triton's sequence-batcher QA suites check it (L0_sequence_batcher,
+L0_implicit_state, L0_sequence_corrid_batcher), with small python models of our own:
+
+- a request `timeout` applies to a sequence waiting in the backlog: when it runs out the whole
+  backlogged sequence is rejected (UNAVAILABLE "timeout of the corresponding sequence has been
+  expired") and forgotten, so a later request of it needs START again
+  (SequenceBatcherRequestTimeoutTest); a sequence that has a slot is never timed out;
+- a model that failed to load answers NOT_FOUND (HTTP 404) "has no available versions", as
+  Triton's model lookup does.
+
+Real Triton 2.51 answers these the same way (checked with its `identity`/`sequence` test
+backends)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from host.testing import serve
+
+pytestmark = pytest.mark.modelhost_only
+
+# A running sum per sequence (the state lives in the model, keyed by correlation id), one
+# batch slot: a second sequence waits in the backlog until the first one ends.
+ACCUMULATE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            cid = request.correlation_id()
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if pb_utils.get_input_tensor_by_name(request, "START").as_numpy().item():
+                self.sums[cid] = 0
+            self.sums[cid] = self.sums.get(cid, 0) + int(x.sum())
+            out = np.full(x.shape, self.sums[cid], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]))
+        return responses
+'''
+
+ONE_SLOT = """
+name: "one_slot"
+backend: "python"
+max_batch_size: 1
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+# Fails to load: a KIND_GPU group on a host without GPUs.
+BROKEN = """
+name: "broken"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 gpus: [ 99 ] } ]
+"""
+
+EXPIRED = "timeout of the corresponding sequence has been expired"
+NO_START = "must specify the START flag on the first request of the sequence"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("qa-sequence") / "models"
+    for name, config in (("one_slot", ONE_SLOT), ("broken", BROKEN)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        (repo / name / "1" / "model.py").write_text(ACCUMULATE)
+    with serve(repo) as process:
+        yield process
+
+
+def _grpc_infer(client, value: int, **kwargs):
+    x = grpcclient.InferInput("INPUT0", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return client.infer("one_slot", [x], **kwargs)
+
+
+def _http_input(value: int):
+    x = httpclient.InferInput("INPUT0", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return [x]
+
+
+def test_backlogged_sequence_expires_with_its_request_timeout(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        # Sequence 1 holds the only slot (it has not ended); its own request timeout is never
+        # applied, since it is not in the backlog.
+        assert _grpc_infer(client, 5, sequence_id=1, sequence_start=True,
+                           timeout=1000).as_numpy("OUTPUT0").item() == 5
+        # Sequence 2 waits in the backlog and is rejected once 50 ms have passed.
+        with pytest.raises(InferenceServerException, match=EXPIRED) as e:
+            _grpc_infer(client, 7, sequence_id=2, sequence_start=True, timeout=50_000)
+        assert e.value.status() == "StatusCode.UNAVAILABLE"
+        # The backlogged sequence was forgotten: continuing it needs START again.
+        with pytest.raises(InferenceServerException, match=NO_START) as e:
+            _grpc_infer(client, 1, sequence_id=2, sequence_end=True)
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        # Sequence 1 still has its slot and its sum.
+        assert _grpc_infer(client, 2, sequence_id=1, sequence_end=True,
+                           timeout=1000).as_numpy("OUTPUT0").item() == 7
+    finally:
+        client.close()
+
+
+def test_backlogged_sequence_expires_over_http(server):
+    client = httpclient.InferenceServerClient(server.url, concurrency=2, network_timeout=60)
+    try:
+        assert client.infer("one_slot", _http_input(3), sequence_id=11,
+                            sequence_start=True).as_numpy("OUTPUT0").item() == 3
+        with pytest.raises(InferenceServerException, match=EXPIRED) as e:
+            client.infer("one_slot", _http_input(4), sequence_id=12, sequence_start=True,
+                         timeout=50_000)
+        assert e.value.status() == "503"
+        client.infer("one_slot", _http_input(1), sequence_id=11, sequence_end=True)
+    finally:
+        client.close()
+
+
+def test_backlogged_sequence_without_timeout_runs_when_a_slot_frees(server):
+    client = httpclient.InferenceServerClient(server.url, concurrency=2, network_timeout=60)
+    try:
+        client.infer("one_slot", _http_input(1), sequence_id=21, sequence_start=True)
+        waiting = client.async_infer("one_slot", _http_input(10), sequence_id=22,
+                                     sequence_start=True, sequence_end=True)
+        assert client.infer("one_slot", _http_input(1), sequence_id=21,
+                            sequence_end=True).as_numpy("OUTPUT0").item() == 2
+        assert waiting.get_result().as_numpy("OUTPUT0").item() == 10
+    finally:
+        client.close()
+
+
+def test_model_that_failed_to_load_is_not_found(server):
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        with pytest.raises(InferenceServerException,
+                           match="Request for unknown model: 'broken' has no available versions") as e:
+            client.infer("broken", _http_input(1))
+        assert e.value.status() == "404"
+    finally:
+        client.close()
+    gclient = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        x = grpcclient.InferInput("INPUT0", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], dtype=np.int32))
+        with pytest.raises(InferenceServerException, match="has no available versions") as e:
+            gclient.infer("broken", [x])
+        assert e.value.status() == "StatusCode.NOT_FOUND"
+    finally:
+        gclient.close()
