@@ -5,7 +5,8 @@ flagged START to the one flagged END. The batcher
 
 - gives each new sequence a batch slot of one instance, and every request of the sequence goes
   to that slot, in order: at most one request of a sequence is in an execute at a time. When
-  every slot is taken, a new sequence waits in the backlog (oldest first) until a slot frees;
+  every slot is taken, a new sequence waits in the backlog (oldest first) until a slot frees,
+  or until a request `timeout` of it runs out (the whole sequence is then rejected, as in Triton);
 - runs one thread per instance that forms batches from the requests waiting in its slots:
   - `direct`: slot i is row i of the batch, so a model can keep state per row; a slot below the
     highest busy one that has no request gets a padding request whose READY control is false
