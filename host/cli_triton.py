@@ -87,6 +87,11 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
+    p.add_argument("--grpc-infer-thread-count", type=int, default=2, metavar="N",
+                   help=f"{NO_EFFECT} gRPC requests are handled by the front end's own threads; "
+                        "checked as Triton checks it (2 to 128)")
+    p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, metavar="N",
+                   help=f"{NO_EFFECT} request and response objects are not pooled")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -99,6 +104,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"modelhost: --rate-limit={args.rate_limit} is not supported: modelhost has no rate "
             "limiter, requests run as soon as a model instance is free (Triton's "
             "--rate-limit=off). Leave the flag out or pass --rate-limit=off.")
+    if not 2 <= args.grpc_infer_thread_count <= 128:
+        raise SystemExit("modelhost: invalid argument for --grpc_infer_thread_count. Must be in "
+                         "the range 2 to 128.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     backend_config: dict[str, dict[str, str]] = {}
@@ -115,4 +123,6 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "cuda_memory_pool_byte_size": dict(args.cuda_memory_pool_byte_size),
         "cuda_virtual_address_size": dict(args.cuda_virtual_address_size),
         "min_supported_compute_capability": args.min_supported_compute_capability,
+        "grpc_infer_thread_count": args.grpc_infer_thread_count,
+        "grpc_infer_allocation_pool_size": args.grpc_infer_allocation_pool_size,
     }

@@ -166,3 +166,23 @@ def test_model_that_failed_to_load_is_not_found(server):
         assert e.value.status() == "StatusCode.NOT_FOUND"
     finally:
         gclient.close()
+
+
+@pytest.mark.parametrize("count", ["-1", "0", "1", "129"])
+def test_grpc_infer_thread_count_out_of_range_stops_the_server(tmp_path, count):
+    # L0_sequence_stress: the server must not start with these values, and starts with 128.
+    from host import cli
+    args = cli.parse_serve_args(cli.build_parser(), [
+        "--model-repository", str(tmp_path), f"--grpc-infer-thread-count={count}"])
+    with pytest.raises(SystemExit, match=r"invalid argument for --grpc_infer_thread_count\. "
+                                         r"Must be in the range 2 to 128\."):
+        cli.options_from_args(args)
+
+
+def test_grpc_infer_thread_count_in_range_is_accepted(tmp_path):
+    from host import cli
+    for count in ("2", "128"):
+        args = cli.parse_serve_args(cli.build_parser(), [
+            "--model-repository", str(tmp_path), f"--grpc-infer-thread-count={count}",
+            "--grpc-infer-allocation-pool-size=16"])
+        assert cli.options_from_args(args).grpc_infer_thread_count == int(count)
