@@ -72,6 +72,34 @@ output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { kind: KIND_GPU count: 1 gpus: [ 99 ] } ]
 """
 
+# Two batch slots (direct strategy): OUTPUT0 is the number of rows of the execute that ran the
+# request (a padding row for each free slot below the highest busy one).
+ROWS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        rows = np.array([[len(requests)]], dtype=np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", rows)]) for _ in requests]
+'''
+
+TWO_SLOTS = """
+name: "two_slots"
+backend: "python"
+max_batch_size: 2
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
 EXPIRED = "timeout of the corresponding sequence has been expired"
 NO_START = "must specify the START flag on the first request of the sequence"
 
@@ -79,10 +107,11 @@ NO_START = "must specify the START flag on the first request of the sequence"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("qa-sequence") / "models"
-    for name, config in (("one_slot", ONE_SLOT), ("broken", BROKEN)):
+    for name, config, model in (("one_slot", ONE_SLOT, ACCUMULATE), ("broken", BROKEN, ACCUMULATE),
+                                ("two_slots", TWO_SLOTS, ROWS)):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
-        (repo / name / "1" / "model.py").write_text(ACCUMULATE)
+        (repo / name / "1" / "model.py").write_text(model)
     with serve(repo) as process:
         yield process
 
@@ -144,6 +173,24 @@ def test_backlogged_sequence_without_timeout_runs_when_a_slot_frees(server):
         assert client.infer("one_slot", _http_input(1), sequence_id=21,
                             sequence_end=True).as_numpy("OUTPUT0").item() == 2
         assert waiting.get_result().as_numpy("OUTPUT0").item() == 10
+    finally:
+        client.close()
+
+
+def test_new_sequence_takes_the_lowest_free_slot(server):
+    # L0_sequence_batcher test_backlog: slots 0 and 1 were freed (in that order); the next sequence
+    # takes slot 0, as in Triton, so its executes have one row, not a padding row below it.
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        def rows(sequence_id, **flags):
+            return client.infer("two_slots", _http_input(1), sequence_id=sequence_id,
+                                **flags).as_numpy("OUTPUT0").item()
+        assert rows(31, sequence_start=True) == 1  # slot 0
+        assert rows(32, sequence_start=True) == 2  # slot 1: padding row for slot 0
+        assert rows(31, sequence_end=True) == 1  # slot 1 has no request: no row for it
+        assert rows(32, sequence_end=True) == 2
+        assert rows(33, sequence_start=True) == 1  # slot 0 again
+        assert rows(33, sequence_end=True) == 1
     finally:
         client.close()
 

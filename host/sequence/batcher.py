@@ -31,6 +31,7 @@ the CORRID control, batch size 1, a non-zero id, and START on the first request 
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import logging
 import threading
@@ -191,8 +192,12 @@ class SequenceBatcher:
         self._stopping = False
         self.workers = [_Worker(self, i, slots, self.states) for i in instances]
         # Free slots, lowest index first, spread over the instances.
-        self._free: list[_Slot] = [w.slots[i] for i in range(slots) for w in self.workers]
-        self._free.reverse()  # popped from the end
+        # Free slots: a heap, the lowest slot index first (then the first instance), as Triton's
+        # ready-slot priority queue: a new sequence takes row 0 of an idle instance, never a row
+        # above a free one (the direct strategy pads every row below the highest busy slot).
+        self._free: list[tuple[int, int, _Slot]] = [
+            (i, n, w.slots[i]) for i in range(slots) for n, w in enumerate(self.workers)]
+        heapq.heapify(self._free)
         self._reaper_cond = threading.Condition(self.lock)
         self._reaper = threading.Thread(target=self._reap, daemon=True, name=f"sequence-reaper-{self.name}")
         for w in self.workers:
@@ -228,7 +233,7 @@ class SequenceBatcher:
                 sequence = self._sequences[sequence_id] = _Sequence(
                     sequence_id, self.controls.corrid_tensor(sequence_id))
                 if self._free:
-                    self._assign(sequence, self._free.pop())
+                    self._assign(sequence, heapq.heappop(self._free)[2])
                 else:
                     self._backlog.append(sequence)
             elif start:
@@ -273,7 +278,7 @@ class SequenceBatcher:
         if self._backlog:
             self._assign(self._backlog.popleft(), slot)
         else:
-            self._free.append(slot)
+            heapq.heappush(self._free, (slot.index, self.workers.index(slot.worker), slot))
 
     # --- batches (worker threads, lock held) -----------------------------------------------
     def _next_batch(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
