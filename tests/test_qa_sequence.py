@@ -195,6 +195,63 @@ def test_new_sequence_takes_the_lowest_free_slot(server):
         client.close()
 
 
+def _onnx_times_three(path):
+    """OUTPUT = INPUT * 3 over INT32 [N, -1]; the START control is an input the graph ignores."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+    three = numpy_helper.from_array(np.array(3, dtype=np.int32), "three")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT", "three"], ["OUTPUT"])], "times_three",
+        [helper.make_tensor_value_info("INPUT", TensorProto.INT32, ["N", "K"]),
+         helper.make_tensor_value_info("START", TensorProto.INT32, ["N", 1])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.INT32, ["N", "K"])],
+        initializer=[three])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+
+
+def test_onnx_sequence_model_never_batches_requests_of_different_shapes(tmp_path):
+    # L0_sequence_batcher test_ragged_batch (variable-shape ONNX models): Triton's core gives one
+    # execute only requests of equal shapes, whatever the backend; the direct strategy pads the
+    # slot of a request of another shape and runs it next.
+    _onnx_times_three(tmp_path / "seq_onnx" / "1" / "model.onnx")
+    (tmp_path / "seq_onnx" / "config.pbtxt").write_text("""
+name: "seq_onnx"
+backend: "onnxruntime"
+max_batch_size: 2
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+""")
+    # The first batch waits until both requests are queued (Triton's testing hook).
+    with serve(tmp_path, env={"TRITONSERVER_DELAY_SCHEDULER": "2"}) as onnx_server:
+        client = httpclient.InferenceServerClient(onnx_server.url, concurrency=2)
+        try:
+            pending = []
+            for sequence_id, width in ((41, 3), (42, 1)):
+                x = httpclient.InferInput("INPUT", [1, width], "INT32")
+                x.set_data_from_numpy(np.full((1, width), sequence_id, dtype=np.int32))
+                pending.append(client.async_infer("seq_onnx", [x], sequence_id=sequence_id,
+                                                  sequence_start=True))
+            outputs = [p.get_result().as_numpy("OUTPUT").tolist() for p in pending]
+            assert outputs == [[[123, 123, 123]], [[126]]]
+            stats = client.get_inference_statistics("seq_onnx")["model_stats"][0]
+        finally:
+            client.close()
+    assert stats["inference_count"] == 2
+    assert stats["execution_count"] == 2
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]} == {2: 2}
+
+
 def test_model_that_failed_to_load_is_not_found(server):
     client = httpclient.InferenceServerClient(server.url)
     try:
