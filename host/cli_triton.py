@@ -71,7 +71,7 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
                         "must give its inputs, outputs and batch size")
     p.add_argument("--model-config-name", default=None, metavar="NAME",
                    help="load <model>/configs/NAME.pbtxt where it exists, else config.pbtxt")
-    p.add_argument("--rate-limit", choices=RATE_LIMIT_MODES, default="off",
+    p.add_argument("--rate-limit", choices=RATE_LIMIT_MODES, default="off", type=str.lower,
                    help="only 'off' (requests run as soon as an instance is free); "
                         "'execution_count' is refused: there is no rate limiter here")
     p.add_argument("--rate-limit-resource", action="append", type=_rate_limit_resource,

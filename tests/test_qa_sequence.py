@@ -290,3 +290,12 @@ def test_grpc_infer_thread_count_in_range_is_accepted(tmp_path):
             "--model-repository", str(tmp_path), f"--grpc-infer-thread-count={count}",
             "--grpc-infer-allocation-pool-size=16"])
         assert cli.options_from_args(args).grpc_infer_thread_count == int(count)
+
+
+def test_model_control_mode_is_case_insensitive(tmp_path):
+    # L0_iterative_sequence starts the server with --model-control-mode=EXPLICIT (Triton
+    # lower-cases the value, and --rate-limit's).
+    from host import cli
+    args = cli.parse_serve_args(cli.build_parser(), [
+        "--model-repository", str(tmp_path), "--model-control-mode=EXPLICIT", "--rate-limit=OFF"])
+    assert (args.model_control_mode, args.rate_limit) == ("explicit", "off")
