@@ -100,6 +100,17 @@ sequence_batching {
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
+# An ensemble over the one-slot sequence model (L0_sequence_batcher's simple_* ensembles).
+ENSEMBLE = """
+name: "ens_seq"
+platform: "ensemble"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "one_slot" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+
 EXPIRED = "timeout of the corresponding sequence has been expired"
 NO_START = "must specify the START flag on the first request of the sequence"
 
@@ -112,6 +123,8 @@ def server(tmp_path_factory):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
         (repo / name / "1" / "model.py").write_text(model)
+    (repo / "ens_seq" / "1").mkdir(parents=True)
+    (repo / "ens_seq" / "config.pbtxt").write_text(ENSEMBLE)
     with serve(repo) as process:
         yield process
 
@@ -250,6 +263,27 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
     assert stats["inference_count"] == 2
     assert stats["execution_count"] == 2
     assert {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]} == {2: 2}
+
+
+def test_ensemble_step_error_is_prefixed_as_triton_prefixes_it(server):
+    # "in ensemble 'E', " and then the step's own message, nothing in between (Triton's QA
+    # compares the text from its start).
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        x = httpclient.InferInput("IN", [1, 1], "INT32")
+        x.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("ens_seq", [x])
+        assert e.value.message().startswith(
+            "in ensemble 'ens_seq', inference request to model 'one_slot' must specify a "
+            "non-zero or non-empty correlation ID")
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("ens_seq", [x], sequence_id=51)
+        assert e.value.message().startswith(
+            "in ensemble 'ens_seq', inference request for sequence 51 to model 'one_slot' "
+            "must specify the START flag on the first request of the sequence")
+    finally:
+        client.close()
 
 
 def test_model_that_failed_to_load_is_not_found(server):
