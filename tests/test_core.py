@@ -336,7 +336,7 @@ def test_unload_waits_for_inflight_and_rejects_new(tmp_path):
         time.sleep(0.01)
     time.sleep(0.1)
     assert mv.state == "UNLOADING" and unloader.is_alive(), "unload must wait for the in-flight request"
-    with pytest.raises(UnavailableError):
+    with pytest.raises(NotFoundError, match="has no available versions"):  # as Triton
         host.infer(request("slow", [1]))
     GATES["slow"].set()
     t.join(5)
