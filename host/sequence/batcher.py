@@ -191,7 +191,6 @@ class SequenceBatcher:
         self._backlog: collections.deque[_Sequence] = collections.deque()
         self._stopping = False
         self.workers = [_Worker(self, i, slots, self.states) for i in instances]
-        # Free slots, lowest index first, spread over the instances.
         # Free slots: a heap, the lowest slot index first (then the first instance), as Triton's
         # ready-slot priority queue: a new sequence takes row 0 of an idle instance, never a row
         # above a free one (the direct strategy pads every row below the highest busy slot).
