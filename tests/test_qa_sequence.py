@@ -5,8 +5,14 @@ L0_implicit_state, L0_sequence_corrid_batcher), with small python models of our 
   backlogged sequence is rejected (UNAVAILABLE "timeout of the corresponding sequence has been
   expired") and forgotten, so a later request of it needs START again
   (SequenceBatcherRequestTimeoutTest); a sequence that has a slot is never timed out;
+- a new sequence takes the lowest free slot (Triton's ready-slot priority queue), so no padding
+  row sits below it (test_backlog);
+- an ONNX sequence model never batches requests of different shapes (test_ragged_batch);
+- an ensemble step's error is "in ensemble 'E', <message>", nothing in between (ensemble trials);
 - a model that failed to load answers NOT_FOUND (HTTP 404) "has no available versions", as
-  Triton's model lookup does.
+  Triton's model lookup does;
+- the server flags L0_sequence_stress and L0_iterative_sequence pass (--grpc-infer-thread-count,
+  --model-control-mode=EXPLICIT).
 
 Real Triton 2.51 answers these the same way (checked with its `identity`/`sequence` test
 backends)."""
