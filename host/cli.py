@@ -182,9 +182,10 @@ def _serve_parser(sub) -> None:
                    help="read settings from a TOML or YAML file (also MODELHOST_CONFIG_FILE)")
     p.add_argument("--model-repository", "--model-store", action="append", type=Path, dest="repos",
                    metavar="DIR", help="model repository root (repeatable; default ./model_repository)")
-    p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none",
+    p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none", type=str.lower,
                    help="none: load every model at start; explicit: load what --load-model and the "
-                        "repository API ask for; poll: also follow changes of the repository")
+                        "repository API ask for; poll: also follow changes of the repository "
+                        "(any case, as in Triton)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="model to load at start in explicit mode (repeatable; '*' loads all)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECS",

@@ -71,7 +71,7 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
                         "must give its inputs, outputs and batch size")
     p.add_argument("--model-config-name", default=None, metavar="NAME",
                    help="load <model>/configs/NAME.pbtxt where it exists, else config.pbtxt")
-    p.add_argument("--rate-limit", choices=RATE_LIMIT_MODES, default="off",
+    p.add_argument("--rate-limit", choices=RATE_LIMIT_MODES, default="off", type=str.lower,
                    help="'off': requests run as soon as an instance is free, instance_group "
                         "rate_limiter sections are ignored; 'execution_count': instances run "
                         "only with the resources their rate_limiter names, by priority")
@@ -91,6 +91,11 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
     flag(p, "--model-namespacing", "Triton's model namespacing (models of the same name in "
          "different repositories): only 'false', Triton's default, is supported; 'true' is refused")
+    p.add_argument("--grpc-infer-thread-count", type=int, default=2, metavar="N",
+                   help=f"{NO_EFFECT} gRPC requests are handled by the front end's own threads; "
+                        "checked as Triton checks it (2 to 128)")
+    p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, metavar="N",
+                   help=f"{NO_EFFECT} request and response objects are not pooled")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -121,6 +126,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "modelhost: --model-namespacing=true is not supported: a model name is unique across "
             "all --model-repository folders here (Triton's --model-namespacing=false). Leave the "
             "flag out or pass --model-namespacing=false.")
+    if not 2 <= args.grpc_infer_thread_count <= 128:
+        raise SystemExit("modelhost: invalid argument for --grpc_infer_thread_count. Must be in "
+                         "the range 2 to 128.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     backend_config: dict[str, dict[str, str]] = {}
@@ -137,4 +145,6 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "cuda_memory_pool_byte_size": dict(args.cuda_memory_pool_byte_size),
         "cuda_virtual_address_size": dict(args.cuda_virtual_address_size),
         "min_supported_compute_capability": args.min_supported_compute_capability,
+        "grpc_infer_thread_count": args.grpc_infer_thread_count,
+        "grpc_infer_allocation_pool_size": args.grpc_infer_allocation_pool_size,
     }

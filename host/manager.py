@@ -110,7 +110,8 @@ class ModelManager:
         if version < 0:
             mv = entry.default_version()
             if mv is None:
-                raise UnavailableError(f"Request for unknown model: '{name}' has no available versions")
+                # NOT_FOUND (HTTP 404) as in Triton, unlike a named version that is not ready
+                raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
             return mv
         mv = entry.versions.get(version)
         if mv is None:

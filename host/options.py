@@ -82,3 +82,6 @@ class ServerOptions:
     cuda_virtual_address_size: dict[int, int] = field(default_factory=dict)
     # --min-supported-compute-capability: GPUs below it are not used (host.devices)
     min_supported_compute_capability: float = 6.0
+    # gRPC front-end sizes: accepted for compatibility (the range is checked as Triton checks it)
+    grpc_infer_thread_count: int = 2
+    grpc_infer_allocation_pool_size: int = 8

@@ -185,14 +185,14 @@ def test_priority_and_timeout_fields_reach_the_step_requests(tmp_path) -> None:
 # --- errors and cancellation -------------------------------------------------------------------
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_failing_step_fails_the_request_naming_its_model(request, protocol) -> None:
+def test_failing_step_fails_the_request_with_its_message(request, protocol) -> None:
     client = request.getfixturevalue(protocol)
     module = httpclient if protocol == "http" else grpcclient
     with pytest.raises(InferenceServerException) as info:
         client.infer("ens_fail", _inputs(module, np.ones(2, np.float32)))
     message = info.value.message()
-    assert message.startswith("in ensemble 'ens_fail', ")
-    assert "'fail'" in message and "boom from the fail model" in message
+    # Triton's prefix and then the step's own message, nothing in between
+    assert message.startswith("in ensemble 'ens_fail', boom from the fail model")
     assert client.is_server_live()
 
 

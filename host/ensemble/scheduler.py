@@ -412,9 +412,9 @@ class _StepCallback:
 
 
 def _step_error(ensemble: str, step: Step, error: HostError) -> HostError:
-    """The step's error, its code kept, naming the ensemble (as Triton) and the step's model."""
-    return error_for(error.code, f"in ensemble '{ensemble}', step {step.index} (model "
-                                 f"'{step.model_name}'): {error.message}")
+    """The step's error, its code kept, prefixed with the ensemble's name exactly as Triton does
+    (clients match the step's message after it: "in ensemble 'E', <message>")."""
+    return error_for(error.code, f"in ensemble '{ensemble}', {error.message}")
 
 
 def _reshape(dims: tuple[int, ...], batching: bool, batched: bool, shape: list[int]) -> list[int]:

@@ -5,7 +5,8 @@ flagged START to the one flagged END. The batcher
 
 - gives each new sequence a batch slot of one instance, and every request of the sequence goes
   to that slot, in order: at most one request of a sequence is in an execute at a time. When
-  every slot is taken, a new sequence waits in the backlog (oldest first) until a slot frees;
+  every slot is taken, a new sequence waits in the backlog (oldest first) until a slot frees,
+  or until a request `timeout` of it runs out (the whole sequence is then rejected, as in Triton);
 - runs one thread per instance that forms batches from the requests waiting in its slots:
   - `direct`: slot i is row i of the batch, so a model can keep state per row; a slot below the
     highest busy one that has no request gets a padding request whose READY control is false
@@ -30,6 +31,7 @@ the CORRID control, batch size 1, a non-zero id, and START on the first request 
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import logging
 import threading
@@ -54,7 +56,7 @@ _MAX_ZERO_SHAPES = 64  # padding zeros kept per batcher (input name, datatype, s
 
 
 class _Sequence:
-    __slots__ = ("id", "slot", "queue", "last_ns", "expired", "corrid")
+    __slots__ = ("id", "slot", "queue", "last_ns", "expired", "corrid", "expires_ns")
 
     def __init__(self, sequence_id: int | str, corrid: Tensor | None) -> None:
         self.id = sequence_id
@@ -63,6 +65,9 @@ class _Sequence:
         self.queue: collections.deque[InferenceRequest] = collections.deque()
         self.last_ns = 0
         self.expired = False  # idle too long: released once its queue is empty
+        # In the backlog: when the earliest `timeout` of its requests runs out (0: none). The
+        # whole sequence is then rejected, as Triton rejects an expired backlog queue.
+        self.expires_ns = 0
 
 
 def _head(slot: _Slot) -> _Sequence:
@@ -191,9 +196,12 @@ class SequenceBatcher:
         self._backlog: collections.deque[_Sequence] = collections.deque()
         self._stopping = False
         self.workers = [_Worker(self, i, slots, self.states) for i in instances]
-        # Free slots, lowest index first, spread over the instances.
-        self._free: list[_Slot] = [w.slots[i] for i in range(slots) for w in self.workers]
-        self._free.reverse()  # popped from the end
+        # Free slots: a heap, the lowest slot index first (then the first instance), as Triton's
+        # ready-slot priority queue: a new sequence takes row 0 of an idle instance, never a row
+        # above a free one (the direct strategy pads every row below the highest busy slot).
+        self._free: list[tuple[int, int, _Slot]] = [
+            (i, n, w.slots[i]) for i in range(slots) for n, w in enumerate(self.workers)]
+        heapq.heapify(self._free)
         self._reaper_cond = threading.Condition(self.lock)
         self._reaper = threading.Thread(target=self._reap, daemon=True, name=f"sequence-reaper-{self.name}")
         for w in self.workers:
@@ -229,7 +237,7 @@ class SequenceBatcher:
                 sequence = self._sequences[sequence_id] = _Sequence(
                     sequence_id, self.controls.corrid_tensor(sequence_id))
                 if self._free:
-                    self._assign(sequence, self._free.pop())
+                    self._assign(sequence, heapq.heappop(self._free)[2])
                 else:
                     self._backlog.append(sequence)
             elif start:
@@ -237,11 +245,16 @@ class SequenceBatcher:
                             "not end before this sequence start. Previous sequence will be "
                             "terminated early.", sequence_id, self.name)
             sequence.queue.append(request)
-            sequence.last_ns = time.monotonic_ns()
+            sequence.last_ns = now = time.monotonic_ns()
             if request.sequence_end:
                 del self._sequences[sequence_id]  # a new START with this id is a new sequence
             slot = sequence.slot
             if slot is None:
+                if request.timeout_us:  # only a sequence waiting in the backlog can time out
+                    expires = now + request.timeout_us * 1000
+                    if not sequence.expires_ns or expires < sequence.expires_ns:
+                        sequence.expires_ns = expires
+                        self._reaper_cond.notify()
                 return
             worker = slot.worker
             if worker.running or self.delay_ns or self._stopping or self._delay:
@@ -269,7 +282,7 @@ class SequenceBatcher:
         if self._backlog:
             self._assign(self._backlog.popleft(), slot)
         else:
-            self._free.append(slot)
+            heapq.heappush(self._free, (slot.index, self.workers.index(slot.worker), slot))
 
     # --- batches (worker threads, lock held) -----------------------------------------------
     def _next_batch(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
@@ -439,26 +452,52 @@ class SequenceBatcher:
         pad.enqueue_ns = like.enqueue_ns
         return pad
 
-    # --- idle sequences --------------------------------------------------------------------
+    # --- idle sequences, expired backlog ---------------------------------------------------
     def _reap(self) -> None:
-        with self._reaper_cond:
-            while not self._stopping:
-                now = time.monotonic_ns()
-                wait = self.idle_ns
-                for sequence in list(self._sequences.values()):
-                    if sequence.slot is None:
-                        continue  # in the backlog: not started yet
-                    left = sequence.last_ns + self.idle_ns - now
-                    if left > 0:
-                        wait = min(wait, left)
-                        continue
-                    log.info("sequence %s of model '%s' idle for longer than %d us: released",
-                             sequence.id, self.name, self.idle_ns // 1000)
-                    del self._sequences[sequence.id]
-                    sequence.expired = True
-                    if not sequence.queue:
-                        self._release(sequence.slot)
-                self._reaper_cond.wait(max(wait, 1_000_000) / 1e9)
+        while True:
+            with self._reaper_cond:
+                if self._stopping:
+                    return
+                expired = self._reap_locked()
+            for request in expired:  # outside the lock, as Triton rejects them
+                request.respond(InferenceResponse(error=UnavailableError(
+                    "timeout of the corresponding sequence has been expired")), True)
+
+    def _reap_locked(self) -> list[InferenceRequest]:
+        """Take the expired backlog sequences out and release the idle ones, then wait for the
+        next deadline (lock held). Returns the requests of the expired backlog sequences."""
+        now = time.monotonic_ns()
+        wait = self.idle_ns
+        expired: list[InferenceRequest] = []
+        for sequence in [s for s in self._backlog if s.expires_ns]:
+            left = sequence.expires_ns - now
+            if left > 0:
+                wait = min(wait, left)
+                continue
+            # A request that continues it is then refused as one of a sequence that never
+            # started: Triton forgets the correlation id with its backlog queue.
+            self._backlog.remove(sequence)
+            if self._sequences.get(sequence.id) is sequence:
+                del self._sequences[sequence.id]
+            expired.extend(sequence.queue)
+            sequence.queue.clear()
+        if expired:
+            return expired
+        for sequence in list(self._sequences.values()):
+            if sequence.slot is None:
+                continue  # in the backlog: not started yet
+            left = sequence.last_ns + self.idle_ns - now
+            if left > 0:
+                wait = min(wait, left)
+                continue
+            log.info("sequence %s of model '%s' idle for longer than %d us: released",
+                     sequence.id, self.name, self.idle_ns // 1000)
+            del self._sequences[sequence.id]
+            sequence.expired = True
+            if not sequence.queue:
+                self._release(sequence.slot)
+        self._reaper_cond.wait(max(wait, 1_000_000) / 1e9)
+        return expired
 
     # --- stop ------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -37,6 +37,9 @@ DEFAULT_MAX_BATCH_SIZE = 4
 
 class OnnxRuntimeBackend(Backend):
     supported_instance_kinds = ("CPU", "GPU")
+    # A batch is one session call on the concatenated inputs: the dynamic and sequence batchers
+    # give an execute only requests of equal shapes (ragged inputs excepted), as Triton's core.
+    equal_shape_batches = True
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         session = sessions.create(spec)

@@ -95,6 +95,9 @@ def _positions(names: list[str], fallback: list[str] | None) -> list[str]:
 
 class PyTorchBackend(Backend):
     supported_instance_kinds = ("CPU", "GPU", "MODEL")
+    # A batch is one forward call on the concatenated inputs: the dynamic and sequence batchers
+    # give an execute only requests of equal shapes (ragged inputs excepted), as Triton's core.
+    equal_shape_batches = True
 
     def create_model(self, spec: ModelSpec) -> PyTorchModel:
         return PyTorchModel(spec)
