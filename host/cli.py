@@ -22,7 +22,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
-def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool = False) -> None:
+def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:
     """A Triton-style boolean: `--name`, `--name=true` or `--name=false`."""
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help,
                         metavar="true|false")
@@ -191,7 +191,7 @@ def _serve_parser(sub) -> None:
                    help="how often poll mode rescans the repository")
     p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
-    _flag(p, "--exit-on-error", "exit if any model fails to load at start")
+    _flag(p, "--exit-on-error", "exit if any model fails to load at start", default=None)
     _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
           "--disable-auto-complete-config")
     _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
@@ -279,7 +279,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         load_models=args.load_model,
         repository_poll_secs=args.repository_poll_secs,
         backend_directory=args.backend_directory,
-        exit_on_error=args.exit_on_error,
+        exit_on_error=bool(args.exit_on_error),
+        serve_without_repository=args.exit_on_error is False,
         strict_model_config=args.strict_model_config,
         blocked_plugins=args.block_plugin,
         http_address=args.http_address,

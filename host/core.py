@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from host import __version__, affinity, bls, datatypes, devices, headers, logsettings, overrides, shm, validation
@@ -76,6 +77,7 @@ class Host:
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False
+        self._init_failed = False  # start() found no model repository (serve_without_repository)
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
         # Tracing: the request path checks `self.tracing` only; the manager keeps it up to date.
@@ -98,6 +100,14 @@ class Host:
         """
         opts = self.options
         bls.attach(self)  # models' own requests (BLS) come here
+        missing = [root for root in opts.model_repositories if not Path(root).is_dir()]
+        if missing and opts.serve_without_repository:
+            # Triton with --exit-on-error=false: the server failed to initialize but keeps its
+            # endpoints up, not live and not ready, and loads no model.
+            for root in missing:
+                log.error("Internal: failed to stat file %s", root)
+            self._init_failed = True
+            return {}
         if opts.model_control_mode == "explicit":
             errors = self.manager.load_all(opts.load_models) if opts.load_models else {}
         else:
@@ -146,7 +156,7 @@ class Host:
 
     # --- health and metadata -------------------------------------------------------------------
     def live(self) -> bool:
-        return not self._stopping.is_set()
+        return not self._stopping.is_set() and not self._init_failed
 
     def ready(self) -> bool:
         if not self._ready:

@@ -44,6 +44,7 @@ class ModelEntry:
     newest_first: list[ModelVersion] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
     error: str = ""  # a failure before any version could be tried (config, backend)
+    poll_failed: bool = False  # `error` came from polling: to requests the model is unknown
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
@@ -102,8 +103,8 @@ class ModelManager:
     def get(self, name: str, version: int = -1) -> ModelVersion:
         """The READY version a request should use, or Triton's error."""
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and not entry.failed and not entry.error
-                             and not entry.unloading):
+        if entry is None or (not entry.versions and not entry.failed and not entry.unloading
+                             and (not entry.error or entry.poll_failed)):
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
             mv = entry.default_version()
@@ -316,9 +317,10 @@ class ModelManager:
                     self._deps.load_composing(name, base)
             except HostError as exc:
                 entry.error = str(exc)
+                entry.poll_failed = exc.poll_failure
                 self._notify(name, -1, UNAVAILABLE, entry.error)
                 raise
-            entry.error = ""
+            entry.error, entry.poll_failed = "", False
             entry.waiting_on.clear()
             self._load_versions(entry, base, versions)
         finally:
@@ -337,10 +339,9 @@ class ModelManager:
         else:
             found = config_mod.load_config_file(entry.location.path, self.config_name)
             if found is None and not self.auto_complete:  # Triton reads the (missing) file
-                raise InvalidArgumentError(
-                    f"failed to read text proto from "
-                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
-                    "(auto-complete is disabled, so every model needs its configuration)")
+                raise InvalidArgumentError(  # Triton's text (L0_lifecycle greps the log for it)
+                    f"failed to open text file for read "
+                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: No such file or directory")
             cfg = found or model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name

@@ -20,6 +20,9 @@ class ServerOptions:
     repository_poll_secs: float = 15.0
     backend_directory: Path | None = None
     exit_on_error: bool = False
+    # `--exit-on-error=false` given: as Triton then, a repository that cannot be read does not stop
+    # the server; it serves, not live and not ready, with no model (Host.start).
+    serve_without_repository: bool = False
     strict_model_config: bool = False
     blocked_plugins: list[str] = field(default_factory=list)
     http_address: str = "0.0.0.0"
