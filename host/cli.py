@@ -378,6 +378,7 @@ def parse_serve_args(parser: argparse.ArgumentParser, argv: Sequence[str],
     Parsed by `serve`'s own parser, so a typo shows `serve`'s usage, not the top level's.
     """
     serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr,index]
+    argv = cli_triton.join_negative_values(list(argv))
     known, _ = serve.parse_known_args(list(argv))
     config_file = known.config_file or environ.get("MODELHOST_CONFIG_FILE") or None
     try:

@@ -45,6 +45,10 @@ class ModelEntry:
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
     error: str = ""  # a failure before any version could be tried (config, backend)
     poll_failed: bool = False  # `error` came from polling: to requests the model is unknown
+    # Triton's lifecycle map (requests' error texts): a load got past polling, and the versions
+    # it tried; both kept after an unload.
+    in_lifecycle: bool = False
+    known_versions: set[int] = field(default_factory=set)
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
@@ -97,27 +101,44 @@ class ModelManager:
         # repository lock is released: a replaced version stuck in execute must not hold up the
         # index, loads or polling of other models.
         self._replaced: list[threading.Thread] = []
+        # Models removed from the repository while polling, with the versions Triton had tried:
+        # requests for them are answered as Triton does (_request_error).
+        self._retired: dict[str, set[int]] = {}
         self._local = threading.local()  # .loading: this thread is inside _locked()
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
         """The READY version a request should use, or Triton's error."""
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and not entry.failed and not entry.unloading
-                             and (not entry.error or entry.poll_failed)):
-            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if entry is not None:
+            if version < 0:
+                mv = entry.default_version()
+                if mv is not None:
+                    return mv
+            else:
+                mv = entry.versions.get(version)
+                if mv is not None and mv.state == READY:
+                    return mv
+        raise self._request_error(name, version, entry)
+
+    def _request_error(self, name: str, version: int, entry: ModelEntry | None) -> HostError:
+        """Triton's answer (model_lifecycle.cc, GetModel): a model it ever tried to load (its
+        versions, even unloaded or failed, or removed from the repository since) has "no
+        available versions"; one it never did "is not found"; so is a version it never tried."""
+        if entry is not None:
+            known = entry.known_versions.union(entry.versions, entry.failed, entry.unloading)
+            in_lifecycle = entry.in_lifecycle or bool(known)
+        else:
+            retired = self._retired.get(name)
+            known, in_lifecycle = retired or set(), retired is not None
+        if not in_lifecycle:
+            return NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
-            mv = entry.default_version()
-            if mv is None:
-                raise UnavailableError(f"Request for unknown model: '{name}' has no available versions")
-            return mv
-        mv = entry.versions.get(version)
-        if mv is None:
-            raise NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
-        if mv.state != READY:
-            raise UnavailableError(
-                f"Request for unknown model: '{name}' version {version} is not at ready state")
-        return mv
+            return UnavailableError(f"Request for unknown model: '{name}' has no available versions")
+        if version not in known:
+            return NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
+        return UnavailableError(
+            f"Request for unknown model: '{name}' version {version} is not at ready state")
 
     def entry(self, name: str) -> ModelEntry | None:
         return self._models.get(name)
@@ -129,12 +150,13 @@ class ModelManager:
         """Triton's strict readiness: every model a load was asked for has its versions READY
         (a version that is unavailable because it was unloaded does not count)."""
         for entry in list(self._models.values()):
-            if entry.unloaded:
+            if entry.unloaded or entry.poll_failed:  # a model that failed to poll is not known
                 continue
             versions = entry.versions
             if entry.error and not versions:
                 return False
-            if any(v not in versions for v in entry.failed):  # a failed reload keeps its version
+            if any(v not in versions and reason != "unloaded"  # a failed reload keeps its version
+                   for v, reason in entry.failed.items()):
                 return False
             if any(v.state != READY for v in versions.values()):
                 return False
@@ -177,7 +199,11 @@ class ModelManager:
         """Learn models added to the repository (the index lists them even when not loaded)."""
         locations, errors = repository.scan(self.roots)
         for name, loc in locations.items():
-            entry = self._models.setdefault(name, ModelEntry(name))
+            entry = self._models.get(name)
+            if entry is None:
+                entry = self._models[name] = ModelEntry(name)
+                if name in self._retired:  # back in the repository: Triton still knew it
+                    entry.in_lifecycle, entry.known_versions = True, self._retired.pop(name)
             if entry.override_dir is None:  # a model loaded from override files stays there
                 entry.location = loc
         return errors
@@ -309,14 +335,19 @@ class ModelManager:
             try:
                 try:
                     base = self._base_config(entry, config_json)
-                    versions = repository.select_versions(
-                        base.version_policy, repository.versions_on_disk(entry.location.path), name)
+                    on_disk = repository.versions_on_disk(entry.location.path)
                 except HostError as exc:  # Triton reads the folder and config when it polls
                     raise poll_failure(exc) from None
+                entry.in_lifecycle = True
+                try:
+                    versions = repository.select_versions(base.version_policy, on_disk, name)
+                except HostError as exc:  # Triton's load (model_lifecycle.cc), not its poll
+                    raise InvalidArgumentError(
+                        f"load failed for model '{name}': {exc.message}\n") from None
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
                     self._deps.load_composing(name, base)
             except HostError as exc:
-                entry.error = str(exc)
+                entry.error = str(exc).rstrip("\n")  # Triton ends some load errors with one
                 entry.poll_failed = exc.poll_failure
                 self._notify(name, -1, UNAVAILABLE, entry.error)
                 raise
@@ -368,6 +399,7 @@ class ModelManager:
                        versions: list[int]) -> None:
         new: dict[int, ModelVersion] = {}
         entry.failed = {}
+        entry.known_versions.update(versions)
         for version in versions:
             try:
                 new[version] = self._load_version(entry, copy.deepcopy(base), version)
@@ -378,14 +410,21 @@ class ModelManager:
                 if old is not None and old.state == READY:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
+        if entry.failed:
+            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
+            error = InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
+                f"version {version} is at {UNAVAILABLE} state: {reason};"
+                for version, reason in sorted(entry.failed.items())))
+            # As Triton (model_lifecycle.cc, OnLoadFinal): a load that fails for one version
+            # releases every version it loaded; the versions that served before keep serving.
+            for version, mv in new.items():
+                if old_versions.get(version) is not mv:
+                    self._replaced.append(self._unload_version(mv))
+                    entry.failed[version] = "unloaded"
+            raise error
         entry.versions = new
         self._replaced.extend(self._unload_version(mv) for version, mv in old_versions.items()
                               if new.get(version) is not mv)
-        if entry.failed:
-            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
-            raise InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
-                f"version {version} is at {UNAVAILABLE} state: {reason};"
-                for version, reason in sorted(entry.failed.items())))
 
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
@@ -543,7 +582,9 @@ class ModelManager:
             for name in list(self._models):
                 if name not in locations:
                     self._unload_entry(name)  # finishes in the background: never waited for here
-                    del self._models[name]
+                    gone = self._models.pop(name)
+                    if gone.in_lifecycle or gone.known_versions:  # requests' texts (get)
+                        self._retired[name] = gone.known_versions.union(gone.versions)
             for name, loc in locations.items():
                 entry = self._models.get(name)
                 if entry is not None and entry.fingerprint == repository.fingerprint(loc.path):

@@ -208,6 +208,7 @@ class DynamicBatcher:
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
+        self._preferred = frozenset(p for p in preferred if p <= self.max_batch)
         self.max_delay_ns = max_delay_us * 1000
         # Triton's testing hook: hold batches until this many requests are queued (once).
         self._delay_count = delay_count("TRITONSERVER_DELAY_SCHEDULER")
@@ -272,22 +273,25 @@ class DynamicBatcher:
                         return None
                     self._cond.wait(0.01 if self._delay_count else None)
                 self._delay_count = 0
-                front = queue.front()
-                assert front is not None
-                deadline = front.enqueue_ns + self.max_delay_ns
-                while queue.rows < self.target and not self._stopping:
-                    remaining = deadline - time.perf_counter_ns()
-                    if remaining <= 0:
+                take = 0  # >0: the requests from the front that make a preferred batch size
+                while not self._stopping:
+                    # As Triton's GetDynamicBatch: a preferred batch size that can be formed
+                    # now is executed at once, unless the oldest request waited its delay out.
+                    rejected += queue.expire()
+                    if not queue:
+                        return []
+                    remaining = queue.oldest_enqueue_ns() + self.max_delay_ns - time.perf_counter_ns()
+                    exceeded = self.max_delay_ns > 0 and remaining <= 0
+                    take = 0 if exceeded else self._preferred_prefix()
+                    if take or exceeded or queue.rows >= self.target or remaining <= 0:
                         break
                     self._cond.wait(remaining / 1e9)
-                    if not queue:  # another instance took them
-                        return []
-                rejected = queue.expire()
+                rejected += queue.expire()
                 batch: list[InferenceRequest] = []
                 rows = 0
                 key = self._compatible
                 first = None
-                while queue:
+                while queue and (not take or len(batch) < take):
                     front = queue.front()
                     assert front is not None
                     if batch and rows + front.batch_size > self.max_batch:
@@ -305,6 +309,33 @@ class DynamicBatcher:
                 return batch
         finally:
             _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
+
+    def _preferred_prefix(self) -> int:
+        """Triton's walk of the queue (dynamic_batch_scheduler.cc, GetDynamicBatch): how many
+        requests from the front make the largest preferred batch size found before the batch
+        would pass max_batch_size, or make the batch that the next request would push past the
+        largest preferred size; 0 when there is neither (or no preferred sizes)."""
+        if not self._preferred:
+            return 0
+        rows = count = best = 0
+        key = self._compatible
+        first = None
+        for request in self._queue:
+            size = max(1, request.batch_size)
+            if count:
+                if rows + size > self.target and not best:
+                    best = count
+                if rows + size > self.max_batch:
+                    break
+                if key is not None and key(request) != first:
+                    break
+            elif key is not None:
+                first = key(request)
+            rows += size
+            count += 1
+            if rows in self._preferred:
+                best = count
+        return best
 
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
