@@ -224,6 +224,9 @@ def _serve_parser(sub) -> None:
                    help="on SIGTERM/SIGINT, how long in-flight requests may take to finish")
     p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
                    help="how many models load in parallel at start-up")
+    p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
+                   help="how many times more a model version that fails to load is tried "
+                        "(Triton's flag; default 0)")
     p.add_argument("--python-cpu", type=_python_cpu, default="auto", metavar="auto|off|N",
                    help="the CPU shared by the threads that run Python on the request path (front end, "
                         "python models): 'auto' picks one when the process may use several; 'off' leaves "
@@ -299,6 +302,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,
+        model_load_retry_count=args.model_load_retry_count,
         python_cpu=args.python_cpu,
         frontend_processes=args.frontend_processes,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),

@@ -70,7 +70,8 @@ class Host:
                                     config_name=opts.model_config_name,
                                     load_threads=opts.model_load_thread_count,
                                     ensembles=self.ensembles,
-                                    unload_wait=opts.exit_timeout_secs)
+                                    unload_wait=opts.exit_timeout_secs,
+                                    load_retries=opts.model_load_retry_count)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -81,9 +81,11 @@ class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
                  on_state: StateListener | None = None, *, auto_complete: bool = True,
                  config_name: str = "", load_threads: int = 1,
-                 ensembles: StepRunner | None = None, unload_wait: float = 30.0) -> None:
+                 ensembles: StepRunner | None = None, unload_wait: float = 30.0,
+                 load_retries: int = 0) -> None:
         self.roots = [Path(r) for r in roots]
         self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
+        self.load_retries = max(0, load_retries)  # --model-load-retry-count
         self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
         self.backends = backends
         self.mode = mode
@@ -436,8 +438,20 @@ class ModelManager:
         if backend_name == config_mod.ENSEMBLE_PLATFORM:
             return self._load_ensemble_version(spec)
         loading = supervise.loading(entry.name, version)  # named by the master if the process dies
+        pristine = copy.deepcopy(cfg) if self.load_retries else cfg  # a load completes its config
         try:
-            return self._load_version_now(entry, spec, cfg, backend_name, version)
+            for attempt in range(self.load_retries + 1):  # --model-load-retry-count, as Triton
+                if attempt:
+                    cfg = copy.deepcopy(pristine)
+                    spec = replace(spec, config=cfg)
+                try:
+                    return self._load_version_now(entry, spec, cfg, backend_name, version)
+                except HostError as exc:
+                    if attempt == self.load_retries:
+                        raise
+                    log.warning("failed to load '%s' version %d, retrying: %s", entry.name,
+                                version, exc)
+            raise AssertionError("unreachable")
         finally:
             supervise.done(loading)
 

@@ -41,6 +41,7 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_secs: float = 30.0
     model_load_thread_count: int = 4
+    model_load_retry_count: int = 0  # a version that fails to load is tried this many times more
     # host.affinity: the CPU of the threads that run Python on the request path ('auto', 'off', N)
     python_cpu: str = "auto"
     # host.frontend: N > 1 runs N front-end processes (HTTP, gRPC) before one engine process

@@ -28,6 +28,14 @@ TIMEOUT_EXPIRED = "Request timeout expired"
 _REJECT = model_config_pb2.ModelQueuePolicy.REJECT
 
 
+def timeout_expired() -> UnavailableError:
+    """The error of a request the queue policy rejected; Triton counts it as REJECTED
+    (nv_inference_request_failure's reason, host.stats)."""
+    error = UnavailableError(TIMEOUT_EXPIRED)
+    error.queue_rejected = True
+    return error
+
+
 def request_label(request: InferenceRequest) -> str:
     """Triton's LogRequest(): the prefix of scheduler messages about one request."""
     return f"[request id: {request.id or '<id_unknown>'}] "

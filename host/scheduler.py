@@ -24,9 +24,9 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import affinity, bls, supervise
-from host.errors import CancelledError, HostError, InternalError, UnavailableError
+from host.errors import CancelledError, HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse
-from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
+from host.queue_policy import RequestQueue, timeout_expired
 
 if TYPE_CHECKING:
     from host.backend import Instance, InstanceSpec
@@ -245,7 +245,8 @@ class DynamicBatcher:
                 wait = max(deadline - time.perf_counter_ns(), 0) / 1e9 + 0.0005 if deadline else None
                 self._reaper_cond.wait(wait)
                 rejected = self._queue.expire()
-            _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))
+                self._cond.notify_all()  # what is left may make a batch now (or delayed ones moved)
+            _fail(rejected, timeout_expired())
 
     def _run(self, slot: InstanceSlot) -> None:
         affinity.pin()  # it hands the GIL to the front end's threads: same CPU (host.affinity)
@@ -308,7 +309,7 @@ class DynamicBatcher:
                     self._cond.notify()  # let an idle instance start on what is left
                 return batch
         finally:
-            _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
+            _fail(rejected, timeout_expired())  # outside the lock
 
     def _preferred_prefix(self) -> int:
         """Triton's walk of the queue (dynamic_batch_scheduler.cc, GetDynamicBatch): how many
