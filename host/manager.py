@@ -49,6 +49,9 @@ class ModelEntry:
     # it tried; both kept after an unload.
     in_lifecycle: bool = False
     known_versions: set[int] = field(default_factory=set)
+    # The config override of the last load: a load without one reuses it while the model's
+    # files are unchanged since (Triton keeps the loaded config then).
+    config_override: str | dict | None = None
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
@@ -106,6 +109,7 @@ class ModelManager:
         # Models removed from the repository while polling, with the versions Triton had tried:
         # requests for them are answered as Triton does (_request_error).
         self._retired: dict[str, set[int]] = {}
+        self._duplicated: dict[str, str] = {}  # names found in several repositories (last scan)
         self._local = threading.local()  # .loading: this thread is inside _locked()
 
     # --- request path ------------------------------------------------------------------------
@@ -170,7 +174,12 @@ class ModelManager:
             self._refresh_locations()
             rows: list[dict[str, Any]] = []
             for name in sorted(self._models):
-                rows.extend(self._index_rows(self._models[name]))
+                entry = self._models[name]
+                if name in self._duplicated and not entry.versions:  # Triton's index entry
+                    rows.append({"name": name, "state": UNAVAILABLE,
+                                 "reason": "model appears in two or more repositories"})
+                    continue
+                rows.extend(self._index_rows(entry))
         if ready_only:
             rows = [r for r in rows if r.get("state") == READY]
         return rows
@@ -200,6 +209,7 @@ class ModelManager:
     def _refresh_locations(self) -> dict[str, str]:
         """Learn models added to the repository (the index lists them even when not loaded)."""
         locations, errors = repository.scan(self.roots)
+        self._duplicated = errors
         for name, loc in locations.items():
             entry = self._models.get(name)
             if entry is None:
@@ -227,6 +237,9 @@ class ModelManager:
                 try:
                     if name in scan_errors:
                         raise InvalidArgumentError(scan_errors[name])
+                    if name not in self._models:  # Triton's text (--load-model of no model)
+                        raise NotFoundError(f"failed to poll model '{name}': model not found in "
+                                            "any model repository.")
                     self._load(name, None, None, refresh=False)
                 except HostError as exc:
                     errors[name] = str(exc)
@@ -331,7 +344,11 @@ class ModelManager:
                 NotFoundError(f"failed to load '{name}', failed to poll from model repository"))
         entry.unloaded = False
         entry.explicit = entry.explicit or explicit
-        entry.fingerprint = repository.fingerprint(entry.location.path)
+        fingerprint = repository.fingerprint(entry.location.path)
+        if config_json is None and entry.config_override is not None \
+                and fingerprint == entry.fingerprint:
+            config_json = entry.config_override  # as Triton: unchanged files keep the override
+        entry.fingerprint = fingerprint
         self._deps.loading.append(name)
         try:
             try:
@@ -356,6 +373,7 @@ class ModelManager:
             entry.error, entry.poll_failed = "", False
             entry.waiting_on.clear()
             self._load_versions(entry, base, versions)
+            entry.config_override = config_json
         finally:
             self._deps.loading.remove(name)
         if self._pass is not None:
@@ -592,7 +610,11 @@ class ModelManager:
     def poll(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
         with self._locked():
-            locations, _ = repository.scan(self.roots)
+            locations, duplicated = repository.scan(self.roots)
+            self._duplicated = duplicated
+            for name, error in duplicated.items():  # as Triton: served from neither repository
+                log.error("Poll failed for model directory '%s': %s", name, error)
+                locations.pop(name, None)
             for name in list(self._models):
                 if name not in locations:
                     self._unload_entry(name)  # finishes in the background: never waited for here
