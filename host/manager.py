@@ -30,6 +30,8 @@ from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 
 log = logging.getLogger(__name__)
+# Verbose level 2 (host.logsettings): Triton's traces of its model lifecycle, which its QA greps.
+VERBOSE_2 = logging.DEBUG - 1
 
 StateListener = Callable[[str, int, str, str], None]
 
@@ -372,7 +374,10 @@ class ModelManager:
                 raise
             entry.error, entry.poll_failed = "", False
             entry.waiting_on.clear()
-            self._load_versions(entry, base, versions)
+            try:
+                self._load_versions(entry, base, versions)
+            finally:
+                log.log(VERBOSE_2, "OnLoadFinal() '%s' for all version(s)", name)
             entry.config_override = config_json
         finally:
             self._deps.loading.remove(name)
@@ -536,6 +541,7 @@ class ModelManager:
         entry = self._models.get(name)
         if entry is None:
             raise NotFoundError(f"failed to unload '{name}', model is not found")
+        log.log(VERBOSE_2, "AsyncUnload() '%s'", name)
         entry.unloaded = True
         entry.explicit = False
         entry.waiting_on.clear()

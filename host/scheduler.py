@@ -7,8 +7,9 @@ different instances of a model run in parallel.
   execute with its one request and gives the instance back: no hand-off between threads, which is
   what makes a request at low concurrency cheap.
 - `DynamicBatcher`: one thread per instance takes requests from a shared queue and combines those
-  of several clients into one execute, up to max_batch_size rows, waiting at most
-  max_queue_delay_microseconds for a preferred batch size. It alone decides which requests may
+  of several clients into one execute, up to max_batch_size rows: as Triton's GetDynamicBatch,
+  the largest preferred batch size the queued requests can form runs at once, else it waits at
+  most max_queue_delay_microseconds (from the oldest request). It alone decides which requests may
   share an execute: in order of arrival, and, for a backend that needs it, only requests whose
   `compatible` keys agree (`host.batch.shape_key`: equal shapes, `allow_ragged_batch` honoured);
   a batch ends at the first request that does not fit, as in Triton.
