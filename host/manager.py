@@ -376,8 +376,12 @@ class ModelManager:
             entry.waiting_on.clear()
             try:
                 self._load_versions(entry, base, versions)
-            finally:
+            except HostError:
                 log.log(VERBOSE_2, "OnLoadFinal() '%s' for all version(s)", name)
+                log.info("failed to load '%s'", name)  # Triton's lines (model_lifecycle.cc)
+                raise
+            log.log(VERBOSE_2, "OnLoadFinal() '%s' for all version(s)", name)
+            log.info("successfully loaded '%s'", name)
             entry.config_override = config_json
         finally:
             self._deps.loading.remove(name)
@@ -425,9 +429,19 @@ class ModelManager:
         new: dict[int, ModelVersion] = {}
         entry.failed = {}
         entry.known_versions.update(versions)
+        unchanged = self._unchanged_key(entry, base)
         for version in versions:
+            old = entry.versions.get(version)
+            key = (unchanged, repository.version_fingerprint(entry.location.path, version)) \
+                if unchanged and entry.location is not None else None
+            if key is not None and old is not None and old.state == READY and old.reload_key == key:
+                # As Triton (model_lifecycle.cc, AsyncLoad): a serving version whose files and
+                # configuration did not change is not loaded again.
+                new[version] = old
+                continue
             try:
-                new[version] = self._load_version(entry, copy.deepcopy(base), version)
+                new[version] = mv = self._load_version(entry, copy.deepcopy(base), version)
+                mv.reload_key = key
             except HostError as exc:
                 entry.failed[version] = state_reason(exc)
                 self._notify(entry.name, version, UNAVAILABLE, str(exc))
@@ -451,6 +465,16 @@ class ModelManager:
         self._replaced.extend(self._unload_version(mv) for version, mv in old_versions.items()
                               if new.get(version) is not mv)
 
+    @staticmethod
+    def _unchanged_key(entry: ModelEntry, base: model_config_pb2.ModelConfig) -> bytes:
+        """The configuration as a reload compares it (its version policy aside); empty for an
+        ensemble, which Triton always loads again."""
+        if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM or entry.location is None:
+            return b""
+        cfg = copy.deepcopy(base)
+        cfg.ClearField("version_policy")
+        return str(entry.location.path).encode() + b"\0" + cfg.SerializeToString(deterministic=True)
+
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
         backend_name = config_mod.backend_for(cfg)
@@ -458,6 +482,7 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        log.info("loading: %s:%d", entry.name, version)
         if backend_name == config_mod.ENSEMBLE_PLATFORM:
             return self._load_ensemble_version(spec)
         loading = supervise.loading(entry.name, version)  # named by the master if the process dies
@@ -505,7 +530,6 @@ class ModelManager:
             # Any other exception, sys.exit() included, fails this model's load only.
             log.exception("model '%s' version %d failed to load", entry.name, version)
             raise InternalError(f"{type(exc).__name__}: {exc}") from exc
-        log.info("successfully loaded '%s' version %d", entry.name, version)
         self._notify(entry.name, version, READY, "")
         return mv
 
@@ -519,7 +543,6 @@ class ModelManager:
             mv.stats.latency = LatencyRecorder(self.latency_config,
                                                bool(spec.config.response_cache.enable))
         mv.load()
-        log.info("successfully loaded '%s' version %d", spec.name, spec.version)
         self._notify(spec.name, spec.version, READY, "")
         return mv
 

@@ -63,6 +63,22 @@ def versions_on_disk(path: Path, warn: bool = True) -> list[int]:
     return sorted(out)
 
 
+def version_fingerprint(path: Path, version: int) -> tuple:
+    """What Triton checks before reloading one version (ModelTimestamp::IsModelVersionModified):
+    the files of its version folder and the model folder's own files (its configuration aside,
+    which is compared as a configuration)."""
+    top = []
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return ()
+    for entry in entries:
+        if entry.is_file() and entry.name != "config.pbtxt":
+            st = entry.stat()
+            top.append((entry.name, st.st_size, st.st_mtime_ns))
+    return tuple(top) + fingerprint(path / str(version))
+
+
 def fingerprint(path: Path) -> tuple:
     """A cheap signature of a model folder (names, sizes, mtimes) to notice changes when polling."""
     items = []
