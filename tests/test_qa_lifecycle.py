@@ -165,6 +165,15 @@ FAIL_ONCE = ADDSUB.replace("class TritonPythonModel:", """class TritonPythonMode
 """)
 
 
+COUNTED = ADDSUB.replace("class TritonPythonModel:", """class TritonPythonModel:
+    def initialize(self, args):
+        import os
+        outside = os.path.dirname(os.path.dirname(args["model_repository"]))  # not in the model
+        with open(os.path.join(outside, "initialized"), "a") as f:
+            f.write(args["model_version"] + "\\n")
+""")
+
+
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory) -> Iterator:
     root = tmp_path_factory.mktemp("explicit")
@@ -180,6 +189,12 @@ def explicit(tmp_path_factory) -> Iterator:
     _addsub(other, "twice")  # the same name in the second repository
     _addsub(repo, "flaky")
     (repo / "flaky" / "1" / "model.py").write_text(FAIL_ONCE)
+    _addsub(repo, "counted")  # versions 1 and 2, each counts its initialize calls
+    (repo / "counted" / "2").mkdir()
+    (repo / "counted" / "1" / "model.py").write_text(COUNTED)
+    (repo / "counted" / "2" / "model.py").write_text(COUNTED)
+    with open(repo / "counted" / "config.pbtxt", "a") as f:
+        f.write("version_policy: { all { } }\n")
     with serve(repo, "--model-repository", str(other), "--model-control-mode=explicit",
                "--load-model=good", "--load-model=does-not-exist",
                "--model-load-retry-count=1") as server:
@@ -263,6 +278,21 @@ def test_load_retry(explicit):
     client.load_model("flaky")  # fails once, then loads (--model-load-retry-count=1)
     assert client.is_model_ready("flaky", "1")
     assert "failed to load 'flaky' version 1, retrying" in explicit.log_text()
+
+
+def test_reload_keeps_unchanged_versions(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    folder = Path(explicit.model_repository) / "counted"
+    counts = folder.parent.parent / "initialized"
+    client.load_model("counted")
+    client.load_model("counted")  # nothing changed: nothing is loaded again
+    assert sorted(counts.read_text().split()) == ["1", "2"]
+    model = folder / "2" / "model.py"
+    later = model.stat().st_mtime_ns + 1_000_000_000
+    os.utime(model, ns=(later, later))
+    client.load_model("counted")  # version 2 changed: only it is loaded again
+    assert sorted(counts.read_text().split()) == ["1", "2", "2"]
+    assert client.is_model_ready("counted", "1") and client.is_model_ready("counted", "2")
 
 
 @pytest.mark.parametrize("limit, text", [
