@@ -562,8 +562,8 @@ class ModelManager:
 
     def _unload_entry(self, name: str, unload_dependents: bool = False) -> list[threading.Thread]:
         entry = self._models.get(name)
-        if entry is None:
-            raise NotFoundError(f"failed to unload '{name}', model is not found")
+        if entry is None:  # as Triton: unloading a model it does not know succeeds
+            return []
         log.log(VERBOSE_2, "AsyncUnload() '%s'", name)
         entry.unloaded = True
         entry.explicit = False

@@ -249,6 +249,13 @@ def test_unloaded_model_has_no_available_versions(explicit):
         client.load_model("good")
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unloading_an_unknown_model_succeeds(explicit, protocol):
+    client = (httpclient.InferenceServerClient(explicit.url) if protocol == "http"
+              else grpcclient.InferenceServerClient(explicit.grpc_url))
+    client.unload_model("unknown_model")  # as Triton: no error
+
+
 def test_model_in_two_repositories(explicit):
     client = httpclient.InferenceServerClient(explicit.url)
     entry = _index(client)[("twice", "")]
