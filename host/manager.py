@@ -163,10 +163,13 @@ class ModelManager:
             versions = entry.versions
             if entry.error and not versions:
                 return False
-            if any(v not in versions and reason != "unloaded"  # a failed reload keeps its version
-                   for v, reason in entry.failed.items()):
+            # unloaded versions do not count, an ensemble's whose composing model was unloaded
+            # neither ("unloaded: its composing model ..."; L0_lifecycle's concurrent unloads)
+            if any(v not in versions and not reason.startswith("unloaded")  # a failed reload
+                   for v, reason in entry.failed.items()):                 # keeps its version
                 return False
-            if any(v.state != READY for v in versions.values()):
+            if any(v.state != READY and not v.reason.startswith("unloaded")
+                   for v in versions.values()):
                 return False
         return True
 

@@ -302,6 +302,32 @@ def test_reload_keeps_unchanged_versions(explicit):
     assert client.is_model_ready("counted", "1") and client.is_model_ready("counted", "2")
 
 
+ENSEMBLE_CONFIG = """
+name: "pair"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ { model_name: "part" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }
+"""
+
+
+def test_strict_readiness_after_a_composing_model_is_unloaded(tmp_path):
+    repo = tmp_path / "models"
+    _addsub(repo, "part")
+    (repo / "pair" / "1").mkdir(parents=True)
+    (repo / "pair" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    with serve(repo, "--model-control-mode=explicit", "--strict-readiness=true") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        client.load_model("pair")
+        client.unload_model("part")
+        assert not client.is_model_ready("pair")
+        assert client.is_server_ready()  # unloaded, not failed: readiness stands (Triton)
+
+
 @pytest.mark.parametrize("limit, text", [
     ("-1:0.6", "expects device ID >= 0, got -1"),
     ("0:-0.4", "expects limit fraction to be in range [0.0, 1.0], got -0.400000"),
