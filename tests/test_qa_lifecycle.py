@@ -189,6 +189,7 @@ def explicit(tmp_path_factory) -> Iterator:
     _addsub(other, "twice")  # the same name in the second repository
     _addsub(repo, "flaky")
     (repo / "flaky" / "1" / "model.py").write_text(FAIL_ONCE)
+    _addsub(repo, "single")
     _addsub(repo, "counted")  # versions 1 and 2, each counts its initialize calls
     (repo / "counted" / "2").mkdir()
     (repo / "counted" / "1" / "model.py").write_text(COUNTED)
@@ -278,6 +279,15 @@ def test_reload_keeps_the_config_override_while_files_are_unchanged(explicit):
     os.utime(config, ns=(later, later))  # newer files: the repository's configuration again
     client.load_model("good")
     assert client.get_model_config("good")["max_batch_size"] == 8
+
+
+def test_config_override_takes_one_value_for_a_list(explicit):
+    # as protobuf's C++ JSON parser in Triton: "instance_group": {...} is a list of one
+    client = httpclient.InferenceServerClient(explicit.url)
+    client.load_model("single", config=json.dumps(
+        {"backend": "python", "instance_group": {"kind": "KIND_CPU", "count": 2}}))
+    groups = client.get_model_config("single")["instance_group"]
+    assert [(g["kind"], g["count"]) for g in groups] == [("KIND_CPU", 2)]
 
 
 def test_load_retry(explicit):
