@@ -142,7 +142,7 @@ class ModelManager:
         if not in_lifecycle:
             return NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
-            return UnavailableError(f"Request for unknown model: '{name}' has no available versions")
+            return NotFoundError(f"Request for unknown model: '{name}' has no available versions")
         if version not in known:
             return NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
         return UnavailableError(

@@ -184,7 +184,7 @@ def test_initialize_failure_leaves_model_unavailable_and_finalizes(tmp_path, sta
     assert not any("bad" in e and "initialize" in e for e in EVENTS if e.startswith("instance_init"))
     if stage == "instance_initialize":  # the model object had been initialized: it is finalized
         assert "model_finalize bad v1" in EVENTS
-    with pytest.raises(UnavailableError, match="has no available versions"):
+    with pytest.raises(NotFoundError, match="has no available versions"):
         host.infer(request("bad", [1]))
     assert host.infer(request("good", [1, 2])).output("OUT").data.tolist() == [2, 3]
     host.stop()
@@ -336,7 +336,7 @@ def test_unload_waits_for_inflight_and_rejects_new(tmp_path):
         time.sleep(0.01)
     time.sleep(0.1)
     assert mv.state == "UNLOADING" and unloader.is_alive(), "unload must wait for the in-flight request"
-    with pytest.raises(UnavailableError):
+    with pytest.raises(NotFoundError, match="has no available versions"):  # as Triton
         host.infer(request("slow", [1]))
     GATES["slow"].set()
     t.join(5)

@@ -220,8 +220,10 @@ def test_failed_version_releases_the_versions_loaded_with_it(explicit):
     index = _index(client)
     assert index[("partial", "1")]["state"] == "UNAVAILABLE"
     assert index[("partial", "1")]["reason"] == "unloaded"
-    assert (_message(client.get_model_metadata, "partial")
-            == "Request for unknown model: 'partial' has no available versions")
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("partial")
+    assert info.value.message() == "Request for unknown model: 'partial' has no available versions"
+    assert info.value.status() == "404"  # NOT_FOUND, as Triton's
 
 
 def test_model_without_versions_is_a_load_failure(explicit):
@@ -242,8 +244,11 @@ def test_unloaded_model_has_no_available_versions(explicit):
     try:
         assert (_message(client.get_model_metadata, "good")
                 == "Request for unknown model: 'good' has no available versions")
-        assert (_message(client.get_model_metadata, "good", "1")
-                == "Request for unknown model: 'good' version 1 is not at ready state")
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_metadata("good", "1")
+        assert info.value.message() == ("Request for unknown model: 'good' version 1 is not at "
+                                        "ready state")
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert (_message(client.get_model_metadata, "good", "7")
                 == "Request for unknown model: 'good' version 7 is not found")
     finally:
