@@ -49,10 +49,14 @@ def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str
 
 
 def versions_on_disk(path: Path, warn: bool = True) -> list[int]:
-    """Numbered version folders of a model, ascending (folders that are not numbers are ignored,
-    and, as in Triton, numbers written with a leading zero: `01`, with a warning)."""
+    """Numbered version folders of a model, ascending (as in Triton, folders that are not numbers
+    are ignored, and numbers written with a leading zero: `01`, each with Triton's warning)."""
     out = []
     for entry in os.scandir(path):
+        if (warn and entry.is_dir() and not (entry.name.isascii() and entry.name.isdigit())
+                and not entry.name.startswith((".", "__pycache__"))):
+            log.warning("ignore version directory '%s' which fails to convert to integral number",
+                        entry.name)
         if entry.is_dir() and entry.name.isascii() and entry.name.isdigit():
             if len(entry.name) > 1 and entry.name.startswith("0"):
                 if warn:

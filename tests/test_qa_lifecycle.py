@@ -92,6 +92,8 @@ def polled(tmp_path_factory) -> Iterator:
     repo = tmp_path_factory.mktemp("lifecycle") / "models"
     _addsub(repo, "good")
     _addsub(repo, "no_config", config=False)
+    _addsub(repo, "lettered")
+    (repo / "lettered" / "abc").mkdir()  # not a version: ignored, with Triton's warning
     with serve(repo, "--strict-model-config=true") as server:
         yield server
 
@@ -111,6 +113,13 @@ def test_model_that_failed_to_poll_is_unknown_even_by_version(polled, protocol):
 def test_missing_config_logged_with_tritons_words(polled):
     config = Path(polled.model_repository) / "no_config" / "config.pbtxt"
     assert (f"failed to open text file for read {config}: No such file or directory"
+            in polled.log_text())
+
+
+def test_version_folder_that_is_not_a_number_is_ignored(polled):
+    client = httpclient.InferenceServerClient(polled.url)
+    assert client.get_model_metadata("lettered")["versions"] == ["1"]
+    assert ("ignore version directory 'abc' which fails to convert to integral number"
             in polled.log_text())
 
 
@@ -147,6 +156,7 @@ def test_missing_repository_without_exit_on_error_serves_not_live(tmp_path):
         assert not grpc.is_server_live()
         assert not grpc.is_server_ready()
         assert grpc.get_server_metadata().name == "triton"
+        grpc.close()
         assert f"failed to stat file {missing}" in log_path.read_text()
     finally:
         process.kill()
