@@ -423,6 +423,8 @@ def _infer(url: str, model: str, rows: int, results: list, **kwargs) -> None:
         results.append(int(client.infer(model, inputs, **kwargs).as_numpy("OUT")[0, 0]))
     except InferenceServerException as exc:
         results.append(exc)
+    finally:
+        client.close()  # in its own thread (gevent's pool belongs to it)
 
 
 def _concurrently(*calls) -> None:
