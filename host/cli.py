@@ -22,7 +22,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
-def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool = False) -> None:
+def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:
     """A Triton-style boolean: `--name`, `--name=true` or `--name=false`."""
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help,
                         metavar="true|false")
@@ -192,7 +192,7 @@ def _serve_parser(sub) -> None:
                    help="how often poll mode rescans the repository")
     p.add_argument("--backend-directory", type=Path, default=None, metavar="DIR",
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
-    _flag(p, "--exit-on-error", "exit if any model fails to load at start")
+    _flag(p, "--exit-on-error", "exit if any model fails to load at start", default=None)
     _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
           "--disable-auto-complete-config")
     _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
@@ -225,6 +225,9 @@ def _serve_parser(sub) -> None:
                    help="on SIGTERM/SIGINT, how long in-flight requests may take to finish")
     p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
                    help="how many models load in parallel at start-up")
+    p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
+                   help="how many times more a model version that fails to load is tried "
+                        "(Triton's flag; default 0)")
     p.add_argument("--python-cpu", type=_python_cpu, default="auto", metavar="auto|off|N",
                    help="the CPU shared by the threads that run Python on the request path (front end, "
                         "python models): 'auto' picks one when the process may use several; 'off' leaves "
@@ -280,7 +283,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         load_models=args.load_model,
         repository_poll_secs=args.repository_poll_secs,
         backend_directory=args.backend_directory,
-        exit_on_error=args.exit_on_error,
+        exit_on_error=bool(args.exit_on_error),
+        serve_without_repository=args.exit_on_error is False,
         strict_model_config=args.strict_model_config,
         blocked_plugins=args.block_plugin,
         http_address=args.http_address,
@@ -299,6 +303,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,
+        model_load_retry_count=args.model_load_retry_count,
         python_cpu=args.python_cpu,
         frontend_processes=args.frontend_processes,
         cache_config=cache_config(args.cache_config, args.response_cache_byte_size),
@@ -378,6 +383,7 @@ def parse_serve_args(parser: argparse.ArgumentParser, argv: Sequence[str],
     Parsed by `serve`'s own parser, so a typo shows `serve`'s usage, not the top level's.
     """
     serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr,index]
+    argv = cli_triton.join_negative_values(list(argv))
     known, _ = serve.parse_known_args(list(argv))
     config_file = known.config_file or environ.get("MODELHOST_CONFIG_FILE") or None
     try:

@@ -56,6 +56,40 @@ def _rate_limit_resource(text: str) -> str:
     return text
 
 
+def _gpu_limit(text: str) -> tuple[int, float]:
+    """`<device id>:<fraction>` (--model-load-gpu-limit); range checks in options(), with
+    Triton's texts."""
+    device, colon, fraction = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return int(device), float(fraction)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected <device id>:<fraction>, got '{text}'") from None
+
+
+# Flags whose value may start with '-' (`--model-load-gpu-limit -1:0.6`, as Triton's QA passes
+# it): argparse would take such a value for an option, so it is joined to its flag first.
+NEGATIVE_VALUE_FLAGS = ("--model-load-gpu-limit",)
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token in NEGATIVE_VALUE_FLAGS:
+            value = next(tokens, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                out.append(f"{token}={value}")
+                continue
+            out.append(token)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(token)
+    return out
+
+
 def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     """Add the flags to the `serve` parser; `flag` adds a Triton-style boolean."""
     p.add_argument("--id", dest="server_id", default="modelhost", metavar="NAME",
@@ -96,6 +130,10 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
                         "checked as Triton checks it (2 to 128)")
     p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, metavar="N",
                    help=f"{NO_EFFECT} request and response objects are not pooled")
+    p.add_argument("--model-load-gpu-limit", action="append", type=_gpu_limit, default=[],
+                   metavar="DEVICE:FRACTION",
+                   help=f"{NO_EFFECT} model loads are not held back by GPU memory use here "
+                        "(checked as Triton checks it)")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -131,6 +169,13 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                          "the range 2 to 128.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
+    for device, fraction in args.model_load_gpu_limit:  # Triton's checks and texts
+        if device < 0:
+            raise SystemExit("error: setting model load GPU limit: Invalid argument - expects "
+                             f"device ID >= 0, got {device}")
+        if not 0.0 <= fraction <= 1.0:
+            raise SystemExit("error: setting model load GPU limit: Invalid argument - expects "
+                             f"limit fraction to be in range [0.0, 1.0], got {fraction:f}")
     backend_config: dict[str, dict[str, str]] = {}
     for backend, setting, value in args.backend_config:
         backend_config.setdefault(backend, {})[setting] = value

@@ -147,7 +147,11 @@ SUPPORT.update({
     **_fields("input", "name data_type dims optional reshape.shape"),
     **_fields("output", "name data_type dims reshape.shape"),
     "optimization.graph.level": _impl("onnxruntime"),
-    **_fields("dynamic_batching", "preferred_batch_size max_queue_delay_microseconds"),
+    "dynamic_batching.preferred_batch_size": _impl(
+        "as Triton's GetDynamicBatch: a preferred size that the queued requests (in order, "
+        "expired DELAY requests last) can form runs at once; otherwise the batch waits up to "
+        "`max_queue_delay_microseconds` from its oldest request"),
+    **_fields("dynamic_batching", "max_queue_delay_microseconds"),
     **_fields("dynamic_batching.default_queue_policy", "timeout_action "
               "default_timeout_microseconds allow_timeout_override max_queue_size"),
     **_fields("sequence_batching", "direct direct.max_queue_delay_microseconds "

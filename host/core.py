@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from host import __version__, affinity, bls, datatypes, devices, headers, logsettings, overrides, shm, validation
@@ -70,7 +71,8 @@ class Host:
                                     config_name=opts.model_config_name,
                                     load_threads=opts.model_load_thread_count,
                                     ensembles=self.ensembles,
-                                    unload_wait=opts.exit_timeout_secs)
+                                    unload_wait=opts.exit_timeout_secs,
+                                    load_retries=opts.model_load_retry_count)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
@@ -79,6 +81,7 @@ class Host:
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)
         self.journal: Any = None  # host.supervise.Journal in a supervised worker
         self._ready = False
+        self._init_failed = False  # start() found no model repository (serve_without_repository)
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
         # Tracing: the request path checks `self.tracing` only; the manager keeps it up to date.
@@ -101,6 +104,14 @@ class Host:
         """
         opts = self.options
         bls.attach(self)  # models' own requests (BLS) come here
+        missing = [root for root in opts.model_repositories if not Path(root).is_dir()]
+        if missing and opts.serve_without_repository:
+            # Triton with --exit-on-error=false: the server failed to initialize but keeps its
+            # endpoints up, not live and not ready, and loads no model.
+            for root in missing:
+                log.error("Internal: failed to stat file %s", root)
+            self._init_failed = True
+            return {}
         if opts.model_control_mode == "explicit":
             errors = self.manager.load_all(opts.load_models) if opts.load_models else {}
         else:
@@ -149,7 +160,7 @@ class Host:
 
     # --- health and metadata -------------------------------------------------------------------
     def live(self) -> bool:
-        return not self._stopping.is_set()
+        return not self._stopping.is_set() and not self._init_failed
 
     def ready(self) -> bool:
         if not self._ready:

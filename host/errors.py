@@ -31,6 +31,8 @@ class HostError(Exception):
     # True for an error in reading a model's folder, configuration or override files: Triton's
     # load answer for those is its poll failure (host.core.Host.load_model).
     poll_failure = False
+    # True for a request the queue policy rejected (its timeout expired): failure reason REJECTED.
+    queue_rejected = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

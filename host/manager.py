@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -31,6 +31,8 @@ from host.proto import model_config_pb2
 from host.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
+# Verbose level 2 (host.logsettings): Triton's traces of its model lifecycle, which its QA greps.
+VERBOSE_2 = logging.DEBUG - 1
 
 StateListener = Callable[[str, int, str, str], None]
 
@@ -45,6 +47,14 @@ class ModelEntry:
     newest_first: list[ModelVersion] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
     error: str = ""  # a failure before any version could be tried (config, backend)
+    poll_failed: bool = False  # `error` came from polling: to requests the model is unknown
+    # Triton's lifecycle map (requests' error texts): a load got past polling, and the versions
+    # it tried; both kept after an unload.
+    in_lifecycle: bool = False
+    known_versions: set[int] = field(default_factory=set)
+    # The config override of the last load: a load without one reuses it while the model's
+    # files are unchanged since (Triton keeps the loaded config then).
+    config_override: str | dict | None = None
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
@@ -77,9 +87,11 @@ class ModelManager:
     def __init__(self, roots: list[Path], backends: BackendPool, mode: str = "none",
                  on_state: StateListener | None = None, *, auto_complete: bool = True,
                  config_name: str = "", load_threads: int = 1,
-                 ensembles: StepRunner | None = None, unload_wait: float = 30.0) -> None:
+                 ensembles: StepRunner | None = None, unload_wait: float = 30.0,
+                 load_retries: int = 0) -> None:
         self.roots = [Path(r) for r in roots]
         self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
+        self.load_retries = max(0, load_retries)  # --model-load-retry-count
         self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
         self.backends = backends
         self.mode = mode
@@ -98,28 +110,45 @@ class ModelManager:
         # repository lock is released: a replaced version stuck in execute must not hold up the
         # index, loads or polling of other models.
         self._replaced: list[threading.Thread] = []
+        # Models removed from the repository while polling, with the versions Triton had tried:
+        # requests for them are answered as Triton does (_request_error).
+        self._retired: dict[str, set[int]] = {}
+        self._duplicated: dict[str, str] = {}  # names found in several repositories (last scan)
         self._local = threading.local()  # .loading: this thread is inside _locked()
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
         """The READY version a request should use, or Triton's error."""
         entry = self._models.get(name)
-        if entry is None or (not entry.versions and not entry.failed and not entry.error
-                             and not entry.unloading):
-            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if entry is not None:
+            if version < 0:
+                mv = entry.default_version()
+                if mv is not None:
+                    return mv
+            else:
+                mv = entry.versions.get(version)
+                if mv is not None and mv.state == READY:
+                    return mv
+        raise self._request_error(name, version, entry)
+
+    def _request_error(self, name: str, version: int, entry: ModelEntry | None) -> HostError:
+        """Triton's answer (model_lifecycle.cc, GetModel): a model it ever tried to load (its
+        versions, even unloaded or failed, or removed from the repository since) has "no
+        available versions"; one it never did "is not found"; so is a version it never tried."""
+        if entry is not None:
+            known = entry.known_versions.union(entry.versions, entry.failed, entry.unloading)
+            in_lifecycle = entry.in_lifecycle or bool(known)
+        else:
+            retired = self._retired.get(name)
+            known, in_lifecycle = retired or set(), retired is not None
+        if not in_lifecycle:
+            return NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version < 0:
-            mv = entry.default_version()
-            if mv is None:
-                # NOT_FOUND (HTTP 404) as in Triton, unlike a named version that is not ready
-                raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
-            return mv
-        mv = entry.versions.get(version)
-        if mv is None:
-            raise NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
-        if mv.state != READY:
-            raise UnavailableError(
-                f"Request for unknown model: '{name}' version {version} is not at ready state")
-        return mv
+            return NotFoundError(f"Request for unknown model: '{name}' has no available versions")
+        if version not in known:
+            return NotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
+        return UnavailableError(
+            f"Request for unknown model: '{name}' version {version} is not at ready state")
 
     def entry(self, name: str) -> ModelEntry | None:
         return self._models.get(name)
@@ -131,14 +160,18 @@ class ModelManager:
         """Triton's strict readiness: every model a load was asked for has its versions READY
         (a version that is unavailable because it was unloaded does not count)."""
         for entry in list(self._models.values()):
-            if entry.unloaded:
+            if entry.unloaded or entry.poll_failed:  # a model that failed to poll is not known
                 continue
             versions = entry.versions
             if entry.error and not versions:
                 return False
-            if any(v not in versions for v in entry.failed):  # a failed reload keeps its version
+            # unloaded versions do not count, an ensemble's whose composing model was unloaded
+            # neither ("unloaded: its composing model ..."; L0_lifecycle's concurrent unloads)
+            if any(v not in versions and not reason.startswith("unloaded")  # a failed reload
+                   for v, reason in entry.failed.items()):                 # keeps its version
                 return False
-            if any(v.state != READY for v in versions.values()):
+            if any(v.state != READY and not v.reason.startswith("unloaded")
+                   for v in versions.values()):
                 return False
         return True
 
@@ -148,7 +181,12 @@ class ModelManager:
             self._refresh_locations()
             rows: list[dict[str, Any]] = []
             for name in sorted(self._models):
-                rows.extend(self._index_rows(self._models[name]))
+                entry = self._models[name]
+                if name in self._duplicated and not entry.versions:  # Triton's index entry
+                    rows.append({"name": name, "state": UNAVAILABLE,
+                                 "reason": "model appears in two or more repositories"})
+                    continue
+                rows.extend(self._index_rows(entry))
         if ready_only:
             rows = [r for r in rows if r.get("state") == READY]
         return rows
@@ -178,8 +216,13 @@ class ModelManager:
     def _refresh_locations(self) -> dict[str, str]:
         """Learn models added to the repository (the index lists them even when not loaded)."""
         locations, errors = repository.scan(self.roots)
+        self._duplicated = errors
         for name, loc in locations.items():
-            entry = self._models.setdefault(name, ModelEntry(name))
+            entry = self._models.get(name)
+            if entry is None:
+                entry = self._models[name] = ModelEntry(name)
+                if name in self._retired:  # back in the repository: Triton still knew it
+                    entry.in_lifecycle, entry.known_versions = True, self._retired.pop(name)
             if entry.override_dir is None:  # a model loaded from override files stays there
                 entry.location = loc
         return errors
@@ -201,6 +244,9 @@ class ModelManager:
                 try:
                     if name in scan_errors:
                         raise InvalidArgumentError(scan_errors[name])
+                    if name not in self._models:  # Triton's text (--load-model of no model)
+                        raise NotFoundError(f"failed to poll model '{name}': model not found in "
+                                            "any model repository.")
                     self._load(name, None, None, refresh=False)
                 except HostError as exc:
                     errors[name] = str(exc)
@@ -305,25 +351,43 @@ class ModelManager:
                 NotFoundError(f"failed to load '{name}', failed to poll from model repository"))
         entry.unloaded = False
         entry.explicit = entry.explicit or explicit
-        entry.fingerprint = repository.fingerprint(entry.location.path)
+        fingerprint = repository.fingerprint(entry.location.path)
+        if config_json is None and entry.config_override is not None \
+                and fingerprint == entry.fingerprint:
+            config_json = entry.config_override  # as Triton: unchanged files keep the override
+        entry.fingerprint = fingerprint
         self._deps.loading.append(name)
         try:
             try:
                 try:
                     base = self._base_config(entry, config_json)
-                    versions = repository.select_versions(
-                        base.version_policy, repository.versions_on_disk(entry.location.path), name)
+                    on_disk = repository.versions_on_disk(entry.location.path)
                 except HostError as exc:  # Triton reads the folder and config when it polls
                     raise poll_failure(exc) from None
+                entry.in_lifecycle = True
+                try:
+                    versions = repository.select_versions(base.version_policy, on_disk, name)
+                except HostError as exc:  # Triton's load (model_lifecycle.cc), not its poll
+                    raise InvalidArgumentError(
+                        f"load failed for model '{name}': {exc.message}\n") from None
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
                     self._deps.load_composing(name, base)
             except HostError as exc:
-                entry.error = str(exc)
+                entry.error = str(exc).rstrip("\n")  # Triton ends some load errors with one
+                entry.poll_failed = exc.poll_failure
                 self._notify(name, -1, UNAVAILABLE, entry.error)
                 raise
-            entry.error = ""
+            entry.error, entry.poll_failed = "", False
             entry.waiting_on.clear()
-            self._load_versions(entry, base, versions)
+            try:
+                self._load_versions(entry, base, versions)
+            except HostError:
+                log.log(VERBOSE_2, "OnLoadFinal() '%s' for all version(s)", name)
+                log.info("failed to load '%s'", name)  # Triton's lines (model_lifecycle.cc)
+                raise
+            log.log(VERBOSE_2, "OnLoadFinal() '%s' for all version(s)", name)
+            log.info("successfully loaded '%s'", name)
+            entry.config_override = config_json
         finally:
             self._deps.loading.remove(name)
         if self._pass is not None:
@@ -340,10 +404,9 @@ class ModelManager:
         else:
             found = config_mod.load_config_file(entry.location.path, self.config_name)
             if found is None and not self.auto_complete:  # Triton reads the (missing) file
-                raise InvalidArgumentError(
-                    f"failed to read text proto from "
-                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: no such file "
-                    "(auto-complete is disabled, so every model needs its configuration)")
+                raise InvalidArgumentError(  # Triton's text (L0_lifecycle greps the log for it)
+                    f"failed to open text file for read "
+                    f"{entry.location.path / config_mod.CONFIG_FILENAME}: No such file or directory")
             cfg = found or model_config_pb2.ModelConfig()
         if not cfg.name:
             cfg.name = entry.name
@@ -370,9 +433,20 @@ class ModelManager:
                        versions: list[int]) -> None:
         new: dict[int, ModelVersion] = {}
         entry.failed = {}
+        entry.known_versions.update(versions)
+        unchanged = self._unchanged_key(entry, base)
         for version in versions:
+            old = entry.versions.get(version)
+            key = (unchanged, repository.version_fingerprint(entry.location.path, version)) \
+                if unchanged and entry.location is not None else None
+            if key is not None and old is not None and old.state == READY and old.reload_key == key:
+                # As Triton (model_lifecycle.cc, AsyncLoad): a serving version whose files and
+                # configuration did not change is not loaded again.
+                new[version] = old
+                continue
             try:
-                new[version] = self._load_version(entry, copy.deepcopy(base), version)
+                new[version] = mv = self._load_version(entry, copy.deepcopy(base), version)
+                mv.reload_key = key
             except HostError as exc:
                 entry.failed[version] = state_reason(exc)
                 self._notify(entry.name, version, UNAVAILABLE, str(exc))
@@ -380,14 +454,31 @@ class ModelManager:
                 if old is not None and old.state == READY:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
+        if entry.failed:
+            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
+            error = InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
+                f"version {version} is at {UNAVAILABLE} state: {reason};"
+                for version, reason in sorted(entry.failed.items())))
+            # As Triton (model_lifecycle.cc, OnLoadFinal): a load that fails for one version
+            # releases every version it loaded; the versions that served before keep serving.
+            for version, mv in new.items():
+                if old_versions.get(version) is not mv:
+                    self._replaced.append(self._unload_version(mv))
+                    entry.failed[version] = "unloaded"
+            raise error
         entry.versions = new
         self._replaced.extend(self._unload_version(mv) for version, mv in old_versions.items()
                               if new.get(version) is not mv)
-        if entry.failed:
-            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
-            raise InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
-                f"version {version} is at {UNAVAILABLE} state: {reason};"
-                for version, reason in sorted(entry.failed.items())))
+
+    @staticmethod
+    def _unchanged_key(entry: ModelEntry, base: model_config_pb2.ModelConfig) -> bytes:
+        """The configuration as a reload compares it (its version policy aside); empty for an
+        ensemble, which Triton always loads again."""
+        if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM or entry.location is None:
+            return b""
+        cfg = copy.deepcopy(base)
+        cfg.ClearField("version_policy")
+        return str(entry.location.path).encode() + b"\0" + cfg.SerializeToString(deterministic=True)
 
     def _load_version(self, entry: ModelEntry, cfg: model_config_pb2.ModelConfig, version: int) -> ModelVersion:
         assert entry.location is not None
@@ -396,11 +487,24 @@ class ModelManager:
         spec = ModelSpec(name=entry.name, version=version, repository=entry.location.root,
                          path=entry.location.path, config=cfg, backend=backend_name)
         self._notify(entry.name, version, "LOADING", "")
+        log.info("loading: %s:%d", entry.name, version)
         if backend_name == config_mod.ENSEMBLE_PLATFORM:
             return self._load_ensemble_version(spec)
         loading = supervise.loading(entry.name, version)  # named by the master if the process dies
+        pristine = copy.deepcopy(cfg) if self.load_retries else cfg  # a load completes its config
         try:
-            return self._load_version_now(entry, spec, cfg, backend_name, version)
+            for attempt in range(self.load_retries + 1):  # --model-load-retry-count, as Triton
+                if attempt:
+                    cfg = copy.deepcopy(pristine)
+                    spec = replace(spec, config=cfg)
+                try:
+                    return self._load_version_now(entry, spec, cfg, backend_name, version)
+                except HostError as exc:
+                    if attempt == self.load_retries:
+                        raise
+                    log.warning("failed to load '%s' version %d, retrying: %s", entry.name,
+                                version, exc)
+            raise AssertionError("unreachable")
         finally:
             supervise.done(loading)
 
@@ -432,7 +536,6 @@ class ModelManager:
             # Any other exception, sys.exit() included, fails this model's load only.
             log.exception("model '%s' version %d failed to load", entry.name, version)
             raise InternalError(f"{type(exc).__name__}: {exc}") from exc
-        log.info("successfully loaded '%s' version %d", entry.name, version)
         self._notify(entry.name, version, READY, "")
         return mv
 
@@ -446,7 +549,6 @@ class ModelManager:
             mv.stats.latency = LatencyRecorder(self.latency_config,
                                                bool(spec.config.response_cache.enable))
         mv.load()
-        log.info("successfully loaded '%s' version %d", spec.name, spec.version)
         self._notify(spec.name, spec.version, READY, "")
         return mv
 
@@ -466,8 +568,9 @@ class ModelManager:
 
     def _unload_entry(self, name: str, unload_dependents: bool = False) -> list[threading.Thread]:
         entry = self._models.get(name)
-        if entry is None:
-            raise NotFoundError(f"failed to unload '{name}', model is not found")
+        if entry is None:  # as Triton: unloading a model it does not know succeeds
+            return []
+        log.log(VERBOSE_2, "AsyncUnload() '%s'", name)
         entry.unloaded = True
         entry.explicit = False
         entry.waiting_on.clear()
@@ -542,11 +645,17 @@ class ModelManager:
     def poll(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
         with self._locked():
-            locations, _ = repository.scan(self.roots)
+            locations, duplicated = repository.scan(self.roots)
+            self._duplicated = duplicated
+            for name, error in duplicated.items():  # as Triton: served from neither repository
+                log.error("Poll failed for model directory '%s': %s", name, error)
+                locations.pop(name, None)
             for name in list(self._models):
                 if name not in locations:
                     self._unload_entry(name)  # finishes in the background: never waited for here
-                    del self._models[name]
+                    gone = self._models.pop(name)
+                    if gone.in_lifecycle or gone.known_versions:  # requests' texts (get)
+                        self._retired[name] = gone.known_versions.union(gone.versions)
             for name, loc in locations.items():
                 entry = self._models.get(name)
                 if entry is not None and entry.fingerprint == repository.fingerprint(loc.path):

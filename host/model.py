@@ -76,6 +76,8 @@ class ModelVersion:
         spec.report_failure = self.fail
         self.tracing = False  # set once a request of this model was sampled (host.trace)
         self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
+        # What a reload compares to load it again or keep it serving (host.manager, _load_versions).
+        self.reload_key: tuple | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:

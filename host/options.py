@@ -20,6 +20,9 @@ class ServerOptions:
     repository_poll_secs: float = 15.0
     backend_directory: Path | None = None
     exit_on_error: bool = False
+    # `--exit-on-error=false` given: as Triton then, a repository that cannot be read does not stop
+    # the server; it serves, not live and not ready, with no model (Host.start).
+    serve_without_repository: bool = False
     strict_model_config: bool = False
     blocked_plugins: list[str] = field(default_factory=list)
     http_address: str = "0.0.0.0"
@@ -38,6 +41,7 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_secs: float = 30.0
     model_load_thread_count: int = 4
+    model_load_retry_count: int = 0  # a version that fails to load is tried this many times more
     # host.affinity: the CPU of the threads that run Python on the request path ('auto', 'off', N)
     python_cpu: str = "auto"
     # host.frontend: N > 1 runs N front-end processes (HTTP, gRPC) before one engine process

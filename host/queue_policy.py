@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -26,6 +26,14 @@ if TYPE_CHECKING:
 
 TIMEOUT_EXPIRED = "Request timeout expired"
 _REJECT = model_config_pb2.ModelQueuePolicy.REJECT
+
+
+def timeout_expired() -> UnavailableError:
+    """The error of a request the queue policy rejected; Triton counts it as REJECTED
+    (nv_inference_request_failure's reason, host.stats)."""
+    error = UnavailableError(TIMEOUT_EXPIRED)
+    error.queue_rejected = True
+    return error
 
 
 def request_label(request: InferenceRequest) -> str:
@@ -63,14 +71,18 @@ class RequestQueue:
                     raise InvalidArgumentError(
                         f"priority_queue_policy names level {level}, outside [1, {self.levels}]")
             self.default_level = config.default_priority_level
-            self._by_level = {level: _Level(config.priority_queue_policy[level]
-                                            if level in config.priority_queue_policy else default)
-                              for level in range(1, self.levels + 1)}
+            # Levels are made when first used: priority_levels may be as large as 2^64 - 1.
+            self._policies = dict(config.priority_queue_policy)
+            self._by_level = {level: _Level(self._policies.get(level, default))
+                              for level in {*self._policies, self.default_level}}
         else:
             self.default_level = 0
+            self._policies = {}
             self._by_level = {0: _Level(default)}
+        self._default_policy = default
         self._ordered = [self._by_level[level] for level in sorted(self._by_level)]
-        self.has_timeouts = any(lv.policy.default_timeout_microseconds for lv in self._ordered)
+        self.has_timeouts = bool(default.default_timeout_microseconds) or any(
+            lv.policy.default_timeout_microseconds for lv in self._ordered)
         self.rows = 0
         self._size = 0
 
@@ -80,8 +92,11 @@ class RequestQueue:
     def append(self, request: InferenceRequest) -> None:
         """Queue a request, or raise UNAVAILABLE when its level's queue is full."""
         priority = request.priority
-        level = self._by_level[priority if self.levels and 1 <= priority <= self.levels
-                               else self.default_level]
+        number = priority if self.levels and 1 <= priority <= self.levels else self.default_level
+        level = self._by_level.get(number)
+        if level is None:
+            level = self._by_level[number] = _Level(self._policies.get(number, self._default_policy))
+            self._ordered = [self._by_level[n] for n in sorted(self._by_level)]
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
             raise UnavailableError(request_label(request) + "Exceeds maximum queue size")
@@ -92,6 +107,19 @@ class RequestQueue:
         level.queue.append((request, deadline))
         self.rows += request.batch_size
         self._size += 1
+
+    def __iter__(self) -> Iterator[InferenceRequest]:
+        """The queued requests in the order popleft() takes them."""
+        for level in self._ordered:
+            for request, _ in level.queue:
+                yield request
+            yield from level.delayed
+
+    def oldest_enqueue_ns(self) -> int:
+        """When the longest-waiting queued request was queued (its enqueue_ns); 0 when none."""
+        heads = [level.queue[0][0].enqueue_ns for level in self._ordered if level.queue]
+        heads += [r.enqueue_ns for level in self._ordered for r in level.delayed]
+        return min(heads, default=0)
 
     def front(self) -> InferenceRequest | None:
         for level in self._ordered:

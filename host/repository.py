@@ -49,10 +49,14 @@ def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str
 
 
 def versions_on_disk(path: Path, warn: bool = True) -> list[int]:
-    """Numbered version folders of a model, ascending (folders that are not numbers are ignored,
-    and, as in Triton, numbers written with a leading zero: `01`, with a warning)."""
+    """Numbered version folders of a model, ascending (as in Triton, folders that are not numbers
+    are ignored, and numbers written with a leading zero: `01`, each with Triton's warning)."""
     out = []
     for entry in os.scandir(path):
+        if (warn and entry.is_dir() and not (entry.name.isascii() and entry.name.isdigit())
+                and not entry.name.startswith((".", "__pycache__"))):
+            log.warning("ignore version directory '%s' which fails to convert to integral number",
+                        entry.name)
         if entry.is_dir() and entry.name.isascii() and entry.name.isdigit():
             if len(entry.name) > 1 and entry.name.startswith("0"):
                 if warn:
@@ -61,6 +65,22 @@ def versions_on_disk(path: Path, warn: bool = True) -> list[int]:
                 continue
             out.append(int(entry.name))
     return sorted(out)
+
+
+def version_fingerprint(path: Path, version: int) -> tuple:
+    """What Triton checks before reloading one version (ModelTimestamp::IsModelVersionModified):
+    the files of its version folder and the model folder's own files (its configuration aside,
+    which is compared as a configuration)."""
+    top = []
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return ()
+    for entry in entries:
+        if entry.is_file() and entry.name != "config.pbtxt":
+            st = entry.stat()
+            top.append((entry.name, st.st_size, st.st_mtime_ns))
+    return tuple(top) + fingerprint(path / str(version))
 
 
 def fingerprint(path: Path) -> tuple:

@@ -7,8 +7,9 @@ different instances of a model run in parallel.
   execute with its one request and gives the instance back: no hand-off between threads, which is
   what makes a request at low concurrency cheap.
 - `DynamicBatcher`: one thread per instance takes requests from a shared queue and combines those
-  of several clients into one execute, up to max_batch_size rows, waiting at most
-  max_queue_delay_microseconds for a preferred batch size. It alone decides which requests may
+  of several clients into one execute, up to max_batch_size rows: as Triton's GetDynamicBatch,
+  the largest preferred batch size the queued requests can form runs at once, else it waits at
+  most max_queue_delay_microseconds (from the oldest request). It alone decides which requests may
   share an execute: in order of arrival, and, for a backend that needs it, only requests whose
   `compatible` keys agree (`host.batch.shape_key`: equal shapes, `allow_ragged_batch` honoured);
   a batch ends at the first request that does not fit, as in Triton.
@@ -24,9 +25,9 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import affinity, bls, supervise
-from host.errors import CancelledError, HostError, InternalError, UnavailableError
+from host.errors import CancelledError, HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse
-from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
+from host.queue_policy import RequestQueue, timeout_expired
 
 if TYPE_CHECKING:
     from host.backend import Instance, InstanceSpec
@@ -213,6 +214,7 @@ class DynamicBatcher:
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
         self.target = max([p for p in preferred if p <= self.max_batch], default=self.max_batch)
+        self._preferred = frozenset(p for p in preferred if p <= self.max_batch)
         self.max_delay_ns = max_delay_us * 1000
         # Triton's testing hook: hold batches until this many requests are queued (once).
         self._delay_count = delay_count("TRITONSERVER_DELAY_SCHEDULER")
@@ -249,7 +251,8 @@ class DynamicBatcher:
                 wait = max(deadline - time.perf_counter_ns(), 0) / 1e9 + 0.0005 if deadline else None
                 self._reaper_cond.wait(wait)
                 rejected = self._queue.expire()
-            _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))
+                self._cond.notify_all()  # what is left may make a batch now (or delayed ones moved)
+            _fail(rejected, timeout_expired())
 
     def _run(self, slot: InstanceSlot) -> None:
         affinity.pin()  # it hands the GIL to the front end's threads: same CPU (host.affinity)
@@ -277,22 +280,25 @@ class DynamicBatcher:
                         return None
                     self._cond.wait(0.01 if self._delay_count else None)
                 self._delay_count = 0
-                front = queue.front()
-                assert front is not None
-                deadline = front.enqueue_ns + self.max_delay_ns
-                while queue.rows < self.target and not self._stopping:
-                    remaining = deadline - time.perf_counter_ns()
-                    if remaining <= 0:
+                take = 0  # >0: the requests from the front that make a preferred batch size
+                while not self._stopping:
+                    # As Triton's GetDynamicBatch: a preferred batch size that can be formed
+                    # now is executed at once, unless the oldest request waited its delay out.
+                    rejected += queue.expire()
+                    if not queue:
+                        return []
+                    remaining = queue.oldest_enqueue_ns() + self.max_delay_ns - time.perf_counter_ns()
+                    exceeded = self.max_delay_ns > 0 and remaining <= 0
+                    take = 0 if exceeded else self._preferred_prefix()
+                    if take or exceeded or queue.rows >= self.target or remaining <= 0:
                         break
                     self._cond.wait(remaining / 1e9)
-                    if not queue:  # another instance took them
-                        return []
-                rejected = queue.expire()
+                rejected += queue.expire()
                 batch: list[InferenceRequest] = []
                 rows = 0
                 key = self._compatible
                 first = None
-                while queue:
+                while queue and (not take or len(batch) < take):
                     front = queue.front()
                     assert front is not None
                     if batch and rows + front.batch_size > self.max_batch:
@@ -309,7 +315,34 @@ class DynamicBatcher:
                     self._cond.notify()  # let an idle instance start on what is left
                 return batch
         finally:
-            _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
+            _fail(rejected, timeout_expired())  # outside the lock
+
+    def _preferred_prefix(self) -> int:
+        """Triton's walk of the queue (dynamic_batch_scheduler.cc, GetDynamicBatch): how many
+        requests from the front make the largest preferred batch size found before the batch
+        would pass max_batch_size, or make the batch that the next request would push past the
+        largest preferred size; 0 when there is neither (or no preferred sizes)."""
+        if not self._preferred:
+            return 0
+        rows = count = best = 0
+        key = self._compatible
+        first = None
+        for request in self._queue:
+            size = max(1, request.batch_size)
+            if count:
+                if rows + size > self.target and not best:
+                    best = count
+                if rows + size > self.max_batch:
+                    break
+                if key is not None and key(request) != first:
+                    break
+            elif key is not None:
+                first = key(request)
+            rows += size
+            count += 1
+            if rows in self._preferred:
+                best = count
+        return best
 
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""

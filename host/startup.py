@@ -33,6 +33,9 @@ class StartupError(Exception):
 
 
 # (name in messages, address field, port field, flag, enabled field or None)
+# Each endpoint's name in Triton's "failed to start <name> service" line.
+TRITON_SERVICE_NAMES = {"HTTP": "HTTP", "gRPC": "GRPC", "metrics": "Metrics"}
+
 ENDPOINTS = (
     ("HTTP", "http_address", "http_port", "--http-port", "allow_http"),
     ("gRPC", "grpc_address", "grpc_port", "--grpc-port", "allow_grpc"),
@@ -49,7 +52,7 @@ def endpoints(options: ServerOptions) -> list[tuple[str, str, int, str]]:
 
 def preflight(options: ServerOptions) -> None:
     """What the master can check before the fork; raises StartupError."""
-    for root in options.model_repositories:
+    for root in [] if options.serve_without_repository else options.model_repositories:
         path = Path(root)
         if not path.exists():
             raise StartupError(
@@ -118,8 +121,10 @@ def check_port_free(name: str, address: str, port: int, flag: str) -> None:
 
 def port_error(name: str, address: str, port: int, flag: str, exc: BaseException) -> str:
     if getattr(exc, "errno", None) == errno.EADDRINUSE or "in use" in str(exc):
-        return (f"the {name} port {port} on {address} is taken: address already in use (another "
-                f"server listens there); stop it or pick another port with {flag}")
+        # Triton's words first (L0_lifecycle greps the log for them), then what to do.
+        return (f"failed to start {TRITON_SERVICE_NAMES.get(name, name)} service: Unavailable - "
+                f"Socket '{address}:{port}' already in use (the {name} port {port} on {address} "
+                f"is taken: another server listens there); stop it or pick another port with {flag}")
     if getattr(exc, "errno", None) == errno.EACCES:
         return (f"the {name} port {port} on {address} needs privileges (ports below 1024): "
                 f"pick a port above 1023 with {flag}")
@@ -165,8 +170,11 @@ def model_rows(host: Host) -> list[tuple[str, str, str, str]]:
 
 def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
     """Log every model (version, state, reason) and every endpoint with its address."""
-    rows = model_rows(host)
-    if not rows:
+    try:
+        rows = model_rows(host)
+    except HostError:  # a repository that cannot be read (--exit-on-error=false): logged already
+        rows = None
+    if rows == []:
         roots = ", ".join(str(r) for r in host.options.model_repositories)
         log.warning("the model repository %s holds no models: a model is a folder with a "
                     "config.pbtxt and version folders (1/, 2/, ...)%s", roots,
@@ -178,7 +186,7 @@ def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
                     "Install gcc and Python's headers, then reinstall modelhost to have them")
     # tables are logged as Triton logs them: an empty first line, then the table as it is, not
     # escaped (host.logsettings); no models is a table without rows (L0_logging log_format_test)
-    log.info("\n%s", table(("Model", "Version", "Status", "Reason"), rows), extra={"raw": True})
+    log.info("\n%s", table(("Model", "Version", "Status", "Reason"), rows or []), extra={"raw": True})
     log.info("\n%s", table(("Endpoint", "Address"), listening), extra={"raw": True})
 
 

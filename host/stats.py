@@ -49,12 +49,16 @@ REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 
 
-def failure_reason(error: BaseException | None, executed: bool) -> str:
-    """Triton's reason for a failed request: CANCELED for a cancellation, BACKEND for a request
-    that reached an execute, OTHER for the rest. (REJECTED is Triton's queue-policy timeout, which
-    the host has no equivalent of yet.)"""
+def failure_reason(error: BaseException | None, executed: bool, ensemble: bool = False) -> str:
+    """Triton's reason for a failed request: CANCELED for a cancellation, REJECTED for a request
+    the queue policy rejected (its timeout expired), BACKEND for a request that reached an
+    execute, OTHER for the rest; an ensemble's failures are all OTHER, as Triton counts them."""
     if isinstance(error, CancelledError):
         return CANCELED
+    if ensemble:
+        return OTHER
+    if getattr(error, "queue_rejected", False):
+        return REJECTED
     return BACKEND if executed else OTHER
 
 
@@ -79,6 +83,7 @@ class ModelStats:
         self._responses: dict[int, dict[str, list[int]]] = {}
         self.inference_count = 0
         self.execution_count = 0
+        self.ensemble = False  # an ensemble's failures are counted as OTHER (failure_reason)
         self.last_inference_ms = 0
         # Summaries and histograms (host.latency): None unless --metrics-config asks for them.
         self.latency: LatencyRecorder | None = None
@@ -102,7 +107,7 @@ class ModelStats:
             if self.latency is not None:
                 self.latency.success(total_ns, queue_ns)
         else:
-            reason = failure_reason(error, rows > 0)
+            reason = failure_reason(error, rows > 0, self.ensemble)
             with self._lock:
                 f = self._fail
                 f[0] += 1

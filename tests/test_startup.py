@@ -80,9 +80,11 @@ def test_busy_port(tmp_path, flag, name):
         taken.listen()
         port = taken.getsockname()[1]
         result = _start("--model-repository", str(_repository(tmp_path)), flag, str(port))
-    _one_error_line(result, f"the {name} port {port} on 127.0.0.1 is taken: address already in "
-                            f"use (another server listens there); stop it or pick another port "
-                            f"with {flag}")
+    triton = {"HTTP": "HTTP", "gRPC": "GRPC", "metrics": "Metrics"}[name]
+    _one_error_line(result, f"failed to start {triton} service: Unavailable - Socket "
+                            f"'127.0.0.1:{port}' already in use (the {name} port {port} on "
+                            f"127.0.0.1 is taken: another server listens there); stop it or pick "
+                            f"another port with {flag}")
 
 
 def test_bad_cache_configuration(tmp_path):

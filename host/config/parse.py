@@ -162,8 +162,11 @@ def _walk_field(field: FieldDescriptor, value: Any,
             return value
         value_field = message_type.fields_by_name["value"]
         return {k: _walk_field(value_field, v, fix) for k, v in value.items()}
-    if _is_repeated(field) and isinstance(value, list):
-        return [_walk_single(field, v, fix) for v in value]
+    if _is_repeated(field):
+        # protobuf's C++ JSON parser, which Triton's JsonToModelConfig uses, takes one value
+        # where a list is expected as a list of that value (`"instance_group": {...}`)
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        return [_walk_single(field, v, fix) for v in values]
     return _walk_single(field, value, fix)
 
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 class EnsembleVersion(ModelVersion):
     def __init__(self, spec: ModelSpec, runner: StepRunner, lookup: ConfigLookup) -> None:
         super().__init__(spec)
+        self.stats.ensemble = True  # its failures are counted as OTHER, as Triton counts them
         self.runner, self.lookup = runner, lookup
         self.plan: Plan | None = None
 
