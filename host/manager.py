@@ -417,7 +417,7 @@ class ModelManager:
         # still see what the user wrote (host.config.autocomplete).
         probe = copy.deepcopy(cfg)
         config_mod.normalize_config(probe, entry.name, model_dir=entry.location.path,
-                                    validate_io=not self.auto_complete)
+                                    validate_io=not self.auto_complete, validate_groups=False)
         cfg.platform, cfg.backend = probe.platform, probe.backend
         cfg.default_model_filename = probe.default_model_filename
         if not config_mod.backend_for(cfg):

@@ -18,7 +18,7 @@ _MULTI_INSTANCE_BACKENDS = frozenset({"tensorflow", "onnxruntime"})
 
 
 def normalize_config(cfg: ModelConfig, model_name: str, *, model_dir: Path | None = None,
-                     validate_io: bool = True) -> None:
+                     validate_io: bool = True, validate_groups: bool = True) -> None:
     """Fill in Triton's defaults in place and validate, raising InvalidArgumentError.
 
     Mirrors Triton's load path: auto-complete backend fields, normalize, validate the config, its
@@ -27,7 +27,10 @@ def normalize_config(cfg: ModelConfig, model_name: str, *, model_dir: Path | Non
     `validate_io=False` defers the input/output checks (Triton runs them after a backend's own
     auto-complete may have added inputs and outputs). Idempotent: after such an auto-complete,
     call it again, as Triton re-normalizes (e.g. to derive preferred batch sizes from a
-    max_batch_size the backend supplied).
+    max_batch_size the backend supplied). `validate_groups=False` leaves the instance groups'
+    checks (GPU ids, counts, profiles) to the load, where Triton makes them
+    (ValidateInstanceGroup in backend_model.cc): a model failing them is a failed load of its
+    versions, not a model that failed to poll.
     """
     _autofill_backend_fields(cfg, model_name, _first_version_contents(model_dir))
     _fill_defaults(cfg)
@@ -37,7 +40,8 @@ def normalize_config(cfg: ModelConfig, model_name: str, *, model_dir: Path | Non
             f"unexpected directory name '{model_name}' for model '{cfg.name}', "
             "directory name must equal model name")
     _normalize_instance_groups(cfg)
-    _validate_instance_groups(cfg)
+    if validate_groups:
+        _validate_instance_groups(cfg)
     if validate_io:
         validate_io_config(cfg)
 
