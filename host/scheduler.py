@@ -11,7 +11,8 @@ different instances of a model run in parallel.
   max_queue_delay_microseconds for a preferred batch size. It alone decides which requests may
   share an execute: in order of arrival, and, for a backend that needs it, only requests whose
   `compatible` keys agree (`host.batch.shape_key`: equal shapes, `allow_ragged_batch` honoured);
-  a batch ends at the first request that does not fit, as in Triton.
+  a batch ends at the first request that does not fit, as in Triton. A model's custom batching
+  strategy (host.batch_strategy) is asked too, when the batch is formed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from host.inference import InferenceRequest, InferenceResponse
 from host.queue_policy import TIMEOUT_EXPIRED, RequestQueue
 
 if TYPE_CHECKING:
-    from host.backend import Instance, InstanceSpec
+    from host.backend import BatchStrategy, Instance, InstanceSpec
     from host.model import ModelVersion
     from host.proto.model_config_pb2 import ModelDynamicBatching
 
@@ -206,9 +207,11 @@ class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
                  preferred: Sequence[int], max_delay_us: int,
                  queue_config: ModelDynamicBatching | None = None,
-                 compatible: Callable[[InferenceRequest], tuple] | None = None) -> None:
+                 compatible: Callable[[InferenceRequest], tuple] | None = None,
+                 strategy: BatchStrategy | None = None) -> None:
         self.model = model
         self._compatible = compatible  # requests whose keys differ never share an execute
+        self._strategy = strategy  # Triton's custom batching strategy (host.batch_strategy)
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
@@ -288,28 +291,65 @@ class DynamicBatcher:
                     if not queue:  # another instance took them
                         return []
                 rejected = queue.expire()
-                batch: list[InferenceRequest] = []
-                rows = 0
-                key = self._compatible
-                first = None
-                while queue:
-                    front = queue.front()
-                    assert front is not None
-                    if batch and rows + front.batch_size > self.max_batch:
-                        break
-                    if key is not None:
-                        if not batch:
-                            first = key(front)
-                        elif key(front) != first:
-                            break  # a request of another shape starts the next batch
-                    r = queue.popleft()
-                    rows += r.batch_size
-                    batch.append(r)
+                batch = self._take(queue) if self._strategy is None else self._take_custom(queue)
                 if queue:
                     self._cond.notify()  # let an idle instance start on what is left
                 return batch
         finally:
             _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
+
+    def _take(self, queue: RequestQueue) -> list[InferenceRequest]:
+        """The next batch, from the front of the queue (lock held, queue not empty)."""
+        batch: list[InferenceRequest] = []
+        rows = 0
+        key = self._compatible
+        first = None
+        while queue:
+            front = queue.front()
+            assert front is not None
+            if batch and rows + front.batch_size > self.max_batch:
+                break
+            if key is not None:
+                if not batch:
+                    first = key(front)
+                elif key(front) != first:
+                    break  # a request of another shape starts the next batch
+            r = queue.popleft()
+            rows += r.batch_size
+            batch.append(r)
+        return batch
+
+    def _take_custom(self, queue: RequestQueue) -> list[InferenceRequest]:
+        """`_take` with a custom batching strategy, as Triton's dynamic batcher: the strategy sees
+        the batch begin and end, and is asked about each request that fits the batch otherwise;
+        one it does not include ends the batch and starts the next. The first request of a batch
+        joins it whatever the strategy answers (Triton would ask again for ever)."""
+        strategy = self._strategy
+        assert strategy is not None
+        userp = strategy.begin()
+        try:
+            batch: list[InferenceRequest] = []
+            rows = 0
+            key = self._compatible
+            first = None
+            while queue:
+                front = queue.front()
+                assert front is not None
+                if batch and rows + front.batch_size > self.max_batch:
+                    break
+                if key is not None:
+                    if not batch:
+                        first = key(front)
+                    elif key(front) != first:
+                        break
+                if not strategy.include(userp, front) and batch:
+                    break
+                r = queue.popleft()
+                rows += r.batch_size
+                batch.append(r)
+            return batch
+        finally:
+            strategy.end(userp)
 
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
