@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -100,6 +100,13 @@ class RequestQueue:
             if level.delayed:
                 return level.delayed[0]
         return None
+
+    def __iter__(self) -> Iterator[InferenceRequest]:
+        """The requests in the order `popleft` takes them."""
+        for level in self._ordered:
+            for request, _ in level.queue:
+                yield request
+            yield from level.delayed
 
     def popleft(self) -> InferenceRequest:
         for level in self._ordered:
