@@ -11,7 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from host import batch, batch_strategy, classification, config_support
-from host.backend import InstanceSpec, ModelSpec
+from host.backend import InstanceSpec, Model, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
 from host.scheduler import DirectScheduler, DynamicBatcher, InstanceSlot
@@ -20,7 +20,7 @@ from host.stats import ModelStats
 from host.validation import RequestRules
 
 if TYPE_CHECKING:
-    from host.backend import Backend, BatchStrategy, Model
+    from host.backend import Backend, BatchStrategy
     from host.rate_limiter import RateLimiter
     from host.stages import Stages
 
@@ -90,11 +90,13 @@ class ModelVersion:
             raise
         try:
             # Triton's custom batching strategy, if the model has one (host.batch_strategy).
-            library = batch_strategy.find(self.spec, backend.strategy_directory())
+            directory = getattr(backend, "strategy_directory", None)  # duck-typed backends
+            library = batch_strategy.find(self.spec, directory() if directory else None)
             if library is not None:
                 log.info("Loading custom batching strategy library %s for model %s",
                          library, self.name)
-                self._strategy = self._model.load_batch_strategy(library)
+                load_strategy = getattr(self._model, "load_batch_strategy", None)
+                self._strategy = (load_strategy or Model(self.spec).load_batch_strategy)(library)
             for ispec in instance_specs(self.config):
                 if ispec.kind not in backend.supported_instance_kinds:
                     raise InvalidArgumentError(
