@@ -53,7 +53,7 @@ setup(
             "host.native.libtritonserver",
             sources=[f"host/native/src/{name}.c" for name in
                      ("server", "backend", "request", "cache", "module", "infer", "allocator",
-                      "control", "sequence", "unsupported")],
+                      "control", "sequence", "unsupported", "batching")],
             include_dirs=["host/native/include"],
             depends=["host/native/src/bridge.h", "host/native/src/infer.h", "host/native/include/triton/core/tritonserver.h",
                      "host/native/include/triton/core/tritonbackend.h",

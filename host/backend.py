@@ -107,10 +107,41 @@ class Model:
     def finalize(self) -> None:
         """Called once, after every instance was finalized."""
 
+    def load_batch_strategy(self, path: Path) -> BatchStrategy | None:
+        """Triton's custom batching strategy library at `path` (TRITON_BATCH_STRATEGY_PATH or a
+        `batchstrategy.so` found by `host.batch_strategy.find`), called after `initialize`; None
+        when the library defines none of its functions. Only native backends can run one (the
+        library needs a TRITONBACKEND_Model): the others refuse the model."""
+        from host.errors import InvalidArgumentError
+        raise InvalidArgumentError(
+            f"custom batching strategy {path} cannot be used for model '{self.spec.name}': "
+            f"modelhost supports custom batching strategies (TRITON_BATCH_STRATEGY_PATH, "
+            f"batchstrategy.so) only for models of native backends (libtriton_<name>.so), "
+            f"not for backend '{self.spec.backend or self.spec.config.backend}'")
+
     def metrics(self) -> Iterable[Any]:
         """Prometheus metric families of the model's own (prometheus_client `Metric`s), added to
         /metrics at each scrape; families of the same name from several models are merged."""
         return ()
+
+
+class BatchStrategy:
+    """A loaded custom batching strategy (host.native.batching): what the dynamic batcher asks
+    while it forms a batch (Triton's TRITONBACKEND_ModelBatch* functions)."""
+
+    def begin(self) -> int:
+        """A new batch: its user pointer (TRITONBACKEND_ModelBatchInitialize)."""
+        raise NotImplementedError
+
+    def include(self, userp: int, request: InferenceRequest) -> bool:
+        """Whether `request` joins the batch (TRITONBACKEND_ModelBatchIncludeRequest)."""
+        raise NotImplementedError
+
+    def end(self, userp: int) -> None:
+        """The batch is formed (TRITONBACKEND_ModelBatchFinalize)."""
+
+    def close(self) -> None:
+        """At unload (TRITONBACKEND_ModelBatcherFinalize)."""
 
 
 class Backend:
@@ -138,6 +169,11 @@ class Backend:
 
     def create_model(self, spec: ModelSpec) -> Model:
         raise NotImplementedError
+
+    def strategy_directory(self) -> Path | None:
+        """Where Triton looks for a `batchstrategy.so` last: <backend directory>/<backend name>
+        (native backends; None for the others)."""
+        return None
 
     def finalize(self) -> None:
         """Called after the last model that uses this backend unloaded."""

@@ -10,8 +10,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from host import batch, classification, config_support, warmup
-from host.backend import InstanceSpec, ModelSpec
+from host import batch, batch_strategy, classification, config_support, warmup
+from host.backend import InstanceSpec, Model, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
 from host.scheduler import DirectScheduler, DynamicBatcher, InstanceSlot
@@ -20,7 +20,7 @@ from host.stats import ModelStats
 from host.validation import RequestRules
 
 if TYPE_CHECKING:
-    from host.backend import Backend, Model
+    from host.backend import Backend, BatchStrategy
     from host.rate_limiter import RateLimiter
     from host.stages import Stages
 
@@ -62,6 +62,7 @@ class ModelVersion:
         # Classification labels by output (label_filename), read once at load.
         self.labels = classification.load_labels(spec.config, spec.path)
         self._model: Model | None = None
+        self._strategy: BatchStrategy | None = None  # a custom batching strategy (load)
         self._slots: list[InstanceSlot] = []
         # host.rate_limiter.RateLimiter with --rate-limit=execution_count (set by the manager)
         self.rate_limiter: RateLimiter | None = None
@@ -90,6 +91,14 @@ class ModelVersion:
             self._model = None
             raise
         try:
+            # Triton's custom batching strategy, if the model has one (host.batch_strategy).
+            directory = getattr(backend, "strategy_directory", None)  # duck-typed backends
+            library = batch_strategy.find(self.spec, directory() if directory else None)
+            if library is not None:
+                log.info("Loading custom batching strategy library %s for model %s",
+                         library, self.name)
+                load_strategy = getattr(self._model, "load_batch_strategy", None)
+                self._strategy = (load_strategy or Model(self.spec).load_batch_strategy)(library)
             for ispec in instance_specs(self.config):
                 if ispec.kind not in backend.supported_instance_kinds:
                     raise InvalidArgumentError(
@@ -121,7 +130,8 @@ class ModelVersion:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),
                                   db.max_queue_delay_microseconds, queue_config=db,
-                                  compatible=batch.shape_key(cfg) if self._equal_shapes else None)
+                                  compatible=batch.shape_key(cfg) if self._equal_shapes else None,
+                                  strategy=self._strategy)
         return DirectScheduler(self, slots)
 
     def begin_unload(self) -> None:
@@ -149,7 +159,14 @@ class ModelVersion:
                 self.state, self.reason = UNAVAILABLE, reason
 
     def _finalize(self) -> None:
-        """Finalize instances (reverse order), then the model; errors are logged, not raised."""
+        """Finalize the batching strategy, instances (reverse order), then the model (Triton's
+        order); errors are logged, not raised."""
+        if self._strategy is not None:
+            try:
+                self._strategy.close()
+            except Exception:
+                log.exception("finalize of the batching strategy of model '%s' failed", self.name)
+            self._strategy = None
         while self._slots:
             slot = self._slots.pop()
             if self.rate_limiter is not None:

@@ -12,7 +12,9 @@ different instances of a model run in parallel.
   most max_queue_delay_microseconds (from the oldest request). It alone decides which requests may
   share an execute: in order of arrival, and, for a backend that needs it, only requests whose
   `compatible` keys agree (`host.batch.shape_key`: equal shapes, `allow_ragged_batch` honoured);
-  a batch ends at the first request that does not fit, as in Triton.
+  a batch ends at the first request that does not fit, as in Triton. A model's custom batching
+  strategy (host.batch_strategy) is asked about each request as it arrives; a request it does not
+  include ends the batch, which is then sent without waiting out the queue delay.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from host.inference import InferenceRequest, InferenceResponse
 from host.queue_policy import RequestQueue, timeout_expired
 
 if TYPE_CHECKING:
-    from host.backend import Instance, InstanceSpec
+    from host.backend import BatchStrategy, Instance, InstanceSpec
     from host.model import ModelVersion
     from host.proto.model_config_pb2 import ModelDynamicBatching
 
@@ -207,9 +209,12 @@ class DynamicBatcher:
     def __init__(self, model: ModelVersion, slots: list[InstanceSlot], max_batch_size: int,
                  preferred: Sequence[int], max_delay_us: int,
                  queue_config: ModelDynamicBatching | None = None,
-                 compatible: Callable[[InferenceRequest], tuple] | None = None) -> None:
+                 compatible: Callable[[InferenceRequest], tuple] | None = None,
+                 strategy: BatchStrategy | None = None) -> None:
         self.model = model
         self._compatible = compatible  # requests whose keys differ never share an execute
+        self._strategy = strategy  # Triton's custom batching strategy (host.batch_strategy)
+        self._forming: _Forming | None = None  # the batch the strategy is asked about (lock held)
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
         self.max_batch = max(max_batch_size, 1)
         # Waiting for more requests is only worth it until the largest preferred size is reached.
@@ -292,25 +297,11 @@ class DynamicBatcher:
                     take = 0 if exceeded else self._preferred_prefix()
                     if take or exceeded or queue.rows >= self.target or remaining <= 0:
                         break
+                    if self._strategy is not None and self._evaluate(queue).stop is not None:
+                        break  # the custom strategy closed the batch: sent now, as Triton does
                     self._cond.wait(remaining / 1e9)
                 rejected += queue.expire()
-                batch: list[InferenceRequest] = []
-                rows = 0
-                key = self._compatible
-                first = None
-                while queue and (not take or len(batch) < take):
-                    front = queue.front()
-                    assert front is not None
-                    if batch and rows + front.batch_size > self.max_batch:
-                        break
-                    if key is not None:
-                        if not batch:
-                            first = key(front)
-                        elif key(front) != first:
-                            break  # a request of another shape starts the next batch
-                    r = queue.popleft()
-                    rows += r.batch_size
-                    batch.append(r)
+                batch = self._take(queue, take) if self._strategy is None else self._take_custom(queue)
                 if queue:
                     self._cond.notify()  # let an idle instance start on what is left
                 return batch
@@ -344,6 +335,78 @@ class DynamicBatcher:
                 best = count
         return best
 
+    def _take(self, queue: RequestQueue, take: int = 0) -> list[InferenceRequest]:
+        """The next batch, from the front of the queue (lock held, queue not empty): `take`
+        requests when a preferred batch size was found (`_preferred_prefix`), else as many as fit."""
+        batch: list[InferenceRequest] = []
+        rows = 0
+        key = self._compatible
+        first = None
+        while queue and (not take or len(batch) < take):
+            front = queue.front()
+            assert front is not None
+            if batch and rows + front.batch_size > self.max_batch:
+                break
+            if key is not None:
+                if not batch:
+                    first = key(front)
+                elif key(front) != first:
+                    break  # a request of another shape starts the next batch
+            r = queue.popleft()
+            rows += r.batch_size
+            batch.append(r)
+        return batch
+
+    def _evaluate(self, queue: RequestQueue) -> _Forming:
+        """Ask the strategy about the requests that arrived since the last call (Triton's dynamic
+        batcher does so as requests arrive): the batch it forms ends at the first request that
+        does not fit it (rows, shapes) or that the strategy does not include; the first request
+        of a batch joins it whatever the strategy answers (Triton would ask again for ever). When
+        the front of the queue changed (another instance took requests, timeouts, a request of a
+        higher priority), the batch is formed again: ModelBatchFinalize, ModelBatchInitialize."""
+        strategy = self._strategy
+        assert strategy is not None
+        forming = self._forming
+        items = iter(queue)
+        if forming is not None:
+            checked = forming.included if forming.stop is None else forming.included + [forming.stop]
+            if all(next(items, None) is r for r in checked):
+                if forming.stop is not None:
+                    return forming
+            else:
+                self._forming = None
+                strategy.end(forming.userp)
+                forming = None
+        if forming is None:
+            forming = self._forming = _Forming(strategy.begin())
+            items = iter(queue)
+        key = self._compatible
+        for request in items:
+            if forming.included:
+                if forming.rows + request.batch_size > self.max_batch or (
+                        key is not None and key(request) != forming.key):
+                    forming.stop = request
+                    break
+            elif key is not None:
+                forming.key = key(request)
+            if not strategy.include(forming.userp, request) and forming.included:
+                forming.stop = request
+                break
+            forming.included.append(request)
+            forming.rows += request.batch_size
+        return forming
+
+    def _take_custom(self, queue: RequestQueue) -> list[InferenceRequest]:
+        """`_take` with a custom batching strategy: the batch `_evaluate` formed."""
+        strategy = self._strategy
+        assert strategy is not None
+        forming = self._evaluate(queue)
+        self._forming = None
+        try:
+            return [queue.popleft() for _ in forming.included]  # the front of the queue
+        finally:
+            strategy.end(forming.userp)
+
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""
         return len(self._queue)
@@ -355,3 +418,20 @@ class DynamicBatcher:
             self._reaper_cond.notify_all()
         for t in self._threads:
             t.join()
+        if self._forming is not None and self._strategy is not None:
+            self._strategy.end(self._forming.userp)
+            self._forming = None
+
+
+class _Forming:
+    """A batch being formed with a custom batching strategy: its user pointer, the requests
+    included so far and their rows, the first request's shape key, and the request that ended it."""
+
+    __slots__ = ("userp", "included", "rows", "key", "stop")
+
+    def __init__(self, userp: int) -> None:
+        self.userp = userp
+        self.included: list[InferenceRequest] = []
+        self.rows = 0
+        self.key: tuple | None = None
+        self.stop: InferenceRequest | None = None

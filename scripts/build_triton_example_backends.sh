@@ -9,7 +9,8 @@
 #   scripts/build_triton_example_backends.sh SRC OUT
 #   -> OUT/libtriton_identity.so, OUT/libtriton_repeat.so, the backend repository's tutorial
 #      backends OUT/libtriton_{minimal,recommended,bls}.so (bls: requests through the in-process
-#      server API), and, with SRC/server,
+#      server API), its custom batching strategies OUT/libtriton_{single,volume}batching.so
+#      (examples/batching_strategies, as Triton's L0_batch_custom builds them), and, with SRC/server,
 #      libtriton_{sequence,dyna_sequence,implicit_state,iterative_sequence}.so
 set -euo pipefail
 SRC=$(realpath "$1"); OUT=$(realpath -m "$2")
@@ -38,6 +39,14 @@ build bls "$SRC/backend/examples/backends/bls/src/backend.cc" \
 if [ -d "$SRC/square_backend" ]; then
     build square "$SRC/square_backend/src/square.cc" -DTRITON_ENABLE_STATS
 fi
+# The backend repository's custom batching strategies (examples/batching_strategies): libraries
+# a model names with TRITON_BATCH_STRATEGY_PATH or as batchstrategy.so (docs/native.md).
+for name in single volume; do
+    g++ -std=c++17 -shared -fPIC -O2 -I"$SRC/core/include" -I"$SRC/common/include" \
+        "$SRC/backend/examples/batching_strategies/${name}_batching/src/${name}_batching.cc" \
+        -o "$OUT/libtriton_${name}batching.so" -L"$(dirname "$BRIDGE")" -l:"$(basename "$BRIDGE")"
+    echo "built $OUT/libtriton_${name}batching.so"
+done
 # Triton's sequence test backends (server/src/test, used by its L0_sequence_batcher and
 # L0_implicit_state QA): when the server checkout is there. Their GPU branches call four CUDA
 # runtime functions unconditionally; a CPU build gets stand-ins that are never reached.

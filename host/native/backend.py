@@ -8,6 +8,7 @@ The host's lifecycle maps one to one onto the TRITONBACKEND entry points:
   BackendPool creates one backend object per name and finalizes it after the last model);
   then the backend attributes are read (TRITONBACKEND_GetBackendAttribute).
 - `NativeModel.initialize` / `finalize`: TRITONBACKEND_ModelInitialize / ModelFinalize.
+- `NativeModel.load_batch_strategy`: a custom batching strategy library (host.native.batching).
 - `NativeInstance.initialize` / `finalize`: TRITONBACKEND_ModelInstanceInitialize / Finalize.
 - `NativeInstance.execute(requests)`: one TRITONBACKEND_ModelInstanceExecute with the whole
   batch; the bridge builds the backend requests and hands the responses back in C, so Python
@@ -28,8 +29,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
+from host.backend import Backend, BatchStrategy, Instance, InstanceSpec, Model, ModelSpec
 from host.config import config_to_json
+from host.native.batching import NativeBatchStrategy
 from host.native.bridge import call, lib, to_host_error
 from host.proto import model_config_pb2
 
@@ -68,6 +70,7 @@ class NativeBackend(Backend):
         self._lib = lib()
         self.handle = call(self._lib.backend_load, str(library), name, str(library.parent),
                            backend_config(library, backend_directory, settings))
+        self._directory = backend_directory / name if backend_directory else library.parent
         self.preferred_groups: list[tuple[str, int, list[int]]] = []
         log.info("loaded native backend '%s' from %s", name, library)
 
@@ -97,6 +100,9 @@ class NativeBackend(Backend):
     def create_model(self, spec: ModelSpec) -> Model:
         return NativeModel(self, spec)
 
+    def strategy_directory(self) -> Path | None:
+        return self._directory
+
     def finalize(self) -> None:
         try:
             call(self._lib.backend_finalize, self.handle)
@@ -122,6 +128,11 @@ class NativeModel(Model):
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
         return NativeInstance(self, spec)
+
+    def load_batch_strategy(self, path: Path) -> BatchStrategy | None:
+        """TRITONBACKEND_ModelBatcherInitialize with this model (its error fails the load)."""
+        handle = call(self._lib.strategy_load, self.handle, str(path))
+        return None if handle is None else NativeBatchStrategy(self._lib, handle, self.spec.name)
 
     def finalize(self) -> None:
         try:

@@ -445,6 +445,7 @@ static PyObject* py_take_response_statistics(PyObject* self, PyObject* capsule) 
 /* --- module ------------------------------------------------------------------------------------------------------ */
 
 extern PyMethodDef mh_cache_methods[];
+extern PyMethodDef mh_batching_methods[];
 
 PyObject* mh_metrics_snapshot(void); /* server.c */
 
@@ -504,6 +505,7 @@ MH_EXPORT PyObject* PyInit_libtritonserver(void) {
   PyObject* m = PyModule_Create(&module_def);
   if (m == NULL) return NULL;
   if (PyModule_AddFunctions(m, mh_cache_methods) < 0) return NULL;
+  if (PyModule_AddFunctions(m, mh_batching_methods) < 0) return NULL;
   BridgeError = PyErr_NewException("host.native.libtritonserver.BridgeError", NULL, NULL);
   Py_INCREF(BridgeError);
   PyModule_AddObject(m, "BridgeError", BridgeError);
