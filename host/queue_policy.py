@@ -129,13 +129,6 @@ class RequestQueue:
                 return level.delayed[0]
         return None
 
-    def __iter__(self) -> Iterator[InferenceRequest]:
-        """The requests in the order `popleft` takes them."""
-        for level in self._ordered:
-            for request, _ in level.queue:
-                yield request
-            yield from level.delayed
-
     def popleft(self) -> InferenceRequest:
         for level in self._ordered:
             if level.queue:
