@@ -16,7 +16,7 @@ import numpy as np
 from host.errors import HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 
-__all__ = ["groups", "gather", "scatter", "run_batched", "shape_key"]
+__all__ = ["groups", "gather", "scatter", "run_batched", "shape_key", "batch_key"]
 
 
 def _signature(request: InferenceRequest) -> tuple:
@@ -42,6 +42,18 @@ def shape_key(config: Any) -> Callable[[InferenceRequest], tuple] | None:
         return tuple(tuple(inputs[n].shape[1:]) if n in inputs else None for n in fixed)
 
     return key
+
+
+def batch_key(config: Any, equal_shapes: bool) -> Callable[[InferenceRequest], tuple] | None:
+    """The dynamic batcher's `compatible` key: `shape_key` for a backend that concatenates a
+    batch's inputs, and, for every backend of a model with optional inputs, the names of the inputs
+    a request gives (Triton's core batches only requests that give the same inputs)."""
+    shapes = shape_key(config) if equal_shapes else None
+    if not any(i.optional for i in config.input):
+        return shapes
+    if shapes is None:
+        return lambda request: tuple(sorted(request.inputs))
+    return lambda request: (tuple(sorted(request.inputs)), shapes(request))
 
 
 def groups(requests: Sequence[InferenceRequest], batching: bool) -> list[list[InferenceRequest]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -92,6 +92,13 @@ class RequestQueue:
         level.queue.append((request, deadline))
         self.rows += request.batch_size
         self._size += 1
+
+    def __iter__(self) -> Iterator[InferenceRequest]:
+        """The queued requests in the order they are served."""
+        for level in self._ordered:
+            for request, _ in level.queue:
+                yield request
+            yield from level.delayed
 
     def front(self) -> InferenceRequest | None:
         for level in self._ordered:

@@ -275,7 +275,7 @@ class DynamicBatcher:
                 front = queue.front()
                 assert front is not None
                 deadline = front.enqueue_ns + self.max_delay_ns
-                while queue.rows < self.target and not self._stopping:
+                while not self._stopping and self._may_grow(queue):
                     remaining = deadline - time.perf_counter_ns()
                     if remaining <= 0:
                         break
@@ -305,6 +305,25 @@ class DynamicBatcher:
                 return batch
         finally:
             _fail(rejected, UnavailableError(TIMEOUT_EXPIRED))  # outside the lock
+
+    def _may_grow(self, queue: RequestQueue) -> bool:
+        """Whether the batch at the front of the queue is worth waiting for: it is below the
+        target size and every queued request could join it. As in Triton, a pending batch is sent
+        at once when the next request cannot join it (another shape, other optional inputs)."""
+        key = self._compatible
+        if key is None:
+            return queue.rows < self.target
+        rows = 0
+        first = None
+        for request in queue:
+            if first is None:
+                first = key(request)
+            elif key(request) != first:
+                return False
+            rows += request.batch_size
+            if rows >= self.target:
+                return False
+        return True
 
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""

@@ -1,0 +1,112 @@
+"""Request handling that Triton's QA tests check (server repo qa/L0_optional_input, qa/L0_decoupled,
+qa/L0_request_cancellation, qa/L0_grpc, qa/L0_http).
+
+Each test reproduces, with small models of its own, one thing a QA test found modelhost doing
+differently from Triton (checked against Triton 2.51 or Triton's sources):
+- L0_optional_input: the dynamic batcher sends a pending batch at once when the next queued
+  request gives another set of optional inputs (it cannot join), instead of waiting out
+  max_queue_delay_microseconds.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from host.testing import ServerProcess, serve
+
+pytestmark = pytest.mark.modelhost_only
+
+NO_PROXY = {"http": "", "https": ""}
+
+# Answers OUTn for each INn the request gives.
+OPTIONAL_IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            outs = []
+            for n in ("INPUT0", "INPUT1"):
+                t = pb_utils.get_input_tensor_by_name(r, n)
+                if t is not None:
+                    outs.append(pb_utils.Tensor(n.replace("INPUT", "OUTPUT"), t.as_numpy()))
+            responses.append(pb_utils.InferenceResponse(outs))
+        return responses
+"""
+
+
+def _model(root: Path, name: str, config: str, code: str, version: str = "1") -> None:
+    (root / name / version).mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{config}')
+    (root / name / version / "model.py").write_text(code)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("qa_frontend2")
+    # A long queue delay: a batch that waits for it outlasts the clients' timeouts.
+    _model(root, "optional_pair", """max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 120000000 }
+""", OPTIONAL_IDENTITY)
+    with serve(root, "--log-verbose=1") as process:
+        yield process
+
+
+def _pending(server: ServerProcess, model: str) -> float:
+    text = requests.get(server.metrics_url, proxies=NO_PROXY, timeout=10).text
+    match = re.search(r'^nv_inference_pending_request_count\{model="%s",version="1"\} (\S+)$' % model,
+                      text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _wait_pending(server: ServerProcess, model: str, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while _pending(server, model) != count:
+        assert time.monotonic() < deadline, f"{model}: never {count} pending"
+        time.sleep(0.05)
+
+
+# --- L0_optional_input ----------------------------------------------------------------------------
+
+def test_batch_sent_when_next_request_gives_other_optional_inputs(server):
+    """A request giving INPUT0 only waits for a batch of 3; a request giving INPUT1 only cannot
+    join it, so Triton sends the first at once. The second then forms a preferred batch of 3 with
+    two more INPUT1 requests. Before the fix the two first requests shared an execute (python
+    backend) or waited out the (120 s) queue delay (a native backend)."""
+    client = httpclient.InferenceServerClient(server.url, concurrency=4, network_timeout=60)
+
+    def request(name: str, value: float):
+        tensor = httpclient.InferInput(name, [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+        return client.async_infer("optional_pair", [tensor])
+
+    first = request("INPUT0", 1.0)
+    _wait_pending(server, "optional_pair", 1)
+    second = request("INPUT1", 2.0)
+    result = first.get_result()  # sent when the INPUT1 request arrived
+    assert result.as_numpy("OUTPUT0").tolist() == [[1.0]]
+    assert result.as_numpy("OUTPUT1") is None
+    _wait_pending(server, "optional_pair", 1)
+    third = request("INPUT1", 3.0)
+    fourth = request("INPUT1", 4.0)
+    assert second.get_result().as_numpy("OUTPUT1").tolist() == [[2.0]]
+    assert third.get_result().as_numpy("OUTPUT1").tolist() == [[3.0]]
+    assert fourth.get_result().as_numpy("OUTPUT1").tolist() == [[4.0]]
+    stats = client.get_inference_statistics("optional_pair")["model_stats"][0]
+    assert stats["execution_count"] == 2
+    sizes = {s["batch_size"]: s["compute_infer"]["count"] for s in stats["batch_stats"]}
+    assert sizes == {1: 1, 3: 1}
+    client.close()
