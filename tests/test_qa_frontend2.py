@@ -6,6 +6,8 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
 - L0_optional_input: the dynamic batcher sends a pending batch at once when the next queued
   request gives another set of optional inputs (it cannot join), instead of waiting out
   max_queue_delay_microseconds.
+- L0_scalar_io: an ONNX tensor of rank 0 configured with dims other than 1s is refused at load
+  with the onnxruntime backend's text.
 """
 
 from __future__ import annotations
@@ -110,3 +112,38 @@ def test_batch_sent_when_next_request_gives_other_optional_inputs(server):
     sizes = {s["batch_size"]: s["compute_infer"]["count"] for s in stats["batch_stats"]}
     assert sizes == {1: 1, 3: 1}
     client.close()
+
+
+# --- L0_scalar_io ---------------------------------------------------------------------------------
+
+def test_onnx_scalar_configured_with_other_dims_is_refused(tmp_path):
+    """Triton's onnxruntime backend serves a rank-0 ONNX tensor configured as dims [1] (or
+    [1, 1]), and refuses any other dims at load."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("modelhost_onnxruntime")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT"], ["OUTPUT"])], "scalar",
+                              [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for name, dims in (("scalar_ok", "[ 1, 1 ]"), ("scalar_bad", "[ 2 ]")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.onnx").write_bytes(model.SerializeToString())
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+            f'input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: {dims} }} ]\n'
+            f'output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: {dims} }} ]\n')
+    with serve(tmp_path) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        tensor = httpclient.InferInput("INPUT", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[7.0]], dtype=np.float32))
+        assert client.infer("scalar_ok", [tensor]).as_numpy("OUTPUT").tolist() == [[7.0]]
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["scalar_bad"]["state"] == "UNAVAILABLE"
+        assert index["scalar_bad"]["reason"].endswith(
+            "unable to load model 'scalar_bad', scalar tensor 'INPUT', should only provide 1 in "
+            "the model configuration when the model doesn't support batching. Model "
+            "configuration provided: [2].")
+        client.close()
