@@ -6,6 +6,8 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
 - L0_optional_input: the dynamic batcher sends a pending batch at once when the next queued
   request gives another set of optional inputs (it cannot join), instead of waiting out
   max_queue_delay_microseconds.
+- L0_grpc: the standard gRPC health service (grpc.health.v1.Health/Check, what grpc-health-probe
+  asks) answers SERVING, and is guarded by a restricted `health` protocol, as in Triton.
 - L0_scalar_io: an ONNX tensor of rank 0 configured with dims other than 1s is refused at load
   with the onnxruntime backend's text.
 """
@@ -17,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import requests
@@ -147,3 +150,27 @@ def test_onnx_scalar_configured_with_other_dims_is_refused(tmp_path):
             "the model configuration when the model doesn't support batching. Model "
             "configuration provided: [2].")
         client.close()
+
+
+# --- L0_grpc --------------------------------------------------------------------------------------
+
+def _health_check(url: str, metadata: tuple = ()) -> bytes:
+    with grpc.insecure_channel(url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=bytes, response_deserializer=bytes)
+        return check(b"\n\x03any", timeout=30, metadata=metadata)  # service "any": ignored
+
+
+def test_grpc_health_service_check(server):
+    """grpc-health-probe's call: HealthCheckResponse{status: SERVING} (b"\\x08\\x01")."""
+    assert _health_check(server.grpc_url) == b"\x08\x01"
+
+
+def test_grpc_health_service_is_a_restricted_health_protocol(tmp_path):
+    with serve(tmp_path, "--grpc-restricted-protocol=health:k=v") as restricted:
+        with pytest.raises(grpc.RpcError) as info:
+            _health_check(restricted.grpc_url)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert info.value.details() == ("This protocol is restricted, expecting header "
+                                        "'triton-grpc-protocol-k'")
+        assert _health_check(restricted.grpc_url, (("triton-grpc-protocol-k", "v"),)) == b"\x08\x01"

@@ -341,6 +341,8 @@ def _unary_table(servicer: Servicer) -> dict[bytes, tuple[Callable, Callable]]:
         request_class = getattr(pb, method.input_type.name)
         table[f"/{SERVICE}/{method.name}".encode()] = (getattr(servicer, method.name),
                                                       request_class.FromString)
+    # The standard health service Triton also serves (its request names a service: ignored).
+    table[b"/grpc.health.v1.Health/Check"] = (servicer.Check, bytes)
     return table
 
 

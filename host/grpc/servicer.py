@@ -19,6 +19,23 @@ INFER_ENDPOINT = "ModelInfer RPC"
 DEFERRED = object()
 
 
+# grpc.health.v1.HealthCheckResponse.ServingStatus
+SERVING, NOT_SERVING = 1, 2
+
+
+class HealthCheckResponse:
+    """grpc.health.v1.HealthCheckResponse (its one field, `status`), without the grpc-health
+    package: the rpc is two bytes."""
+
+    __slots__ = ("status",)
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def SerializeToString(self) -> bytes:
+        return bytes((0x08, self.status))  # field 1, varint
+
+
 class Call(Protocol):
     """What a unary method may ask of its call."""
 
@@ -43,6 +60,11 @@ class Servicer:
 
     def ServerReady(self, request: Any, call: Call) -> Any:
         return pb.ServerReadyResponse(ready=self.host.ready())
+
+    def Check(self, request: Any, call: Call) -> Any:
+        """grpc.health.v1.Health/Check, as Triton answers it: SERVING when the server is ready,
+        NOT_SERVING otherwise, whatever service the request names."""
+        return HealthCheckResponse(SERVING if self.host.ready() else NOT_SERVING)
 
     def ModelReady(self, request: Any, call: Call) -> Any:
         codec.model_version(request.version)
