@@ -8,6 +8,12 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
   max_queue_delay_microseconds.
 - L0_grpc: the standard gRPC health service (grpc.health.v1.Health/Check, what grpc-health-probe
   asks) answers SERVING, and is guarded by a restricted `health` protocol, as in Triton.
+- L0_request_cancellation (grpc_cancellation_test, test.sh): a gRPC inference call or stream
+  the client cancels logs Triton's "Cancellation notification received for ..." (verbose 1) once
+  and "StateRelease" (verbose 2) once, and each call starts a "New request handler" (two for
+  ModelInfer at start); test.sh and the test count them in the server log. Triton's testing hook
+  TRITONSERVER_DELAY_RESPONSE_COMPLETION holds a ModelInfer response, so that a client can
+  cancel the call before it is answered.
 - L0_scalar_io: an ONNX tensor of rank 0 configured with dims other than 1s is refused at load
   with the onnxruntime backend's text.
 """
@@ -23,6 +29,7 @@ import grpc
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from host.testing import ServerProcess, serve
@@ -30,6 +37,24 @@ from host.testing import ServerProcess, serve
 pytestmark = pytest.mark.modelhost_only
 
 NO_PROXY = {"http": "", "https": ""}
+
+# Tells the test it started (touches the file named by the "marker" parameter), then waits
+# until its request is cancelled.
+SLEEPER = """
+import json, pathlib, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            pathlib.Path(json.loads(r.parameters())["marker"]).touch()
+            deadline = time.monotonic() + 60
+            while not r.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1, np.int32))])
+                for r in requests]
+"""
 
 # Answers OUTn for each INn the request gives.
 OPTIONAL_IDENTITY = """
@@ -66,7 +91,11 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },
          { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
 dynamic_batching { preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 120000000 }
 """, OPTIONAL_IDENTITY)
-    with serve(root, "--log-verbose=1") as process:
+    _model(root, "sleeper", """max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""", SLEEPER)
+    with serve(root, "--log-verbose=2") as process:
         yield process
 
 
@@ -122,7 +151,7 @@ def test_batch_sent_when_next_request_gives_other_optional_inputs(server):
 def test_onnx_scalar_configured_with_other_dims_is_refused(tmp_path):
     """Triton's onnxruntime backend serves a rank-0 ONNX tensor configured as dims [1] (or
     [1, 1]), and refuses any other dims at load."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     pytest.importorskip("modelhost_onnxruntime")
     from onnx import TensorProto, helper
 
@@ -174,3 +203,73 @@ def test_grpc_health_service_is_a_restricted_health_protocol(tmp_path):
         assert info.value.details() == ("This protocol is restricted, expecting header "
                                         "'triton-grpc-protocol-k'")
         assert _health_check(restricted.grpc_url, (("triton-grpc-protocol-k", "v"),)) == b"\x08\x01"
+
+
+# --- L0_request_cancellation ----------------------------------------------------------------------
+
+def _wait_for(predicate, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["infer", "stream"])
+def test_grpc_cancellation_logged_as_triton(server, tmp_path, stream):
+    handler = "ModelStreamInferHandler" if stream else "ModelInferHandler"
+    marker = tmp_path / "started"
+    log_path = Path(server.log_path)
+    before = log_path.read_text(errors="replace")
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: list = []
+    if stream:
+        client.start_stream(callback=lambda result, error: results.append(error))
+        client.async_stream_infer("sleeper", [tensor], parameters={"marker": str(marker)})
+    else:
+        future = client.async_infer("sleeper", [tensor], lambda result, error: results.append(error),
+                                    parameters={"marker": str(marker)})
+    _wait_for(marker.exists, "the model never started")
+    if stream:
+        client.stop_stream(cancel_requests=True)
+    else:
+        future.cancel()
+
+    def logged() -> str:
+        return log_path.read_text(errors="replace")[len(before):]
+
+    _wait_for(lambda: "StateRelease" in logged(), "no StateRelease line")
+    lines = logged()
+    assert lines.count("Cancellation notification received for ") == 1
+    assert f"Cancellation notification received for {handler}, rpc_ok=1" in lines
+    assert lines.count("StateRelease") == 1
+    assert f"New request handler for {handler}, " in lines
+    _wait_for(lambda: results, "no callback")
+    assert "Locally cancelled by application!" in str(results[0])
+    client.close()
+
+
+def test_grpc_response_completion_delay_hook(tmp_path):
+    """TRITONSERVER_DELAY_RESPONSE_COMPLETION=N: a ModelInfer response waits N ms (logged as
+    Triton logs it) before it is sent; a call cancelled meanwhile ends cancelled."""
+    _model(tmp_path, "ident", """max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+""", OPTIONAL_IDENTITY)
+    with serve(tmp_path, "--log-verbose=1",
+               env={"TRITONSERVER_DELAY_RESPONSE_COMPLETION": "8000"}) as delayed:
+        log_path = Path(delayed.log_path)
+        assert log_path.read_text().count("New request handler for ModelInferHandler, 0") == 2
+        client = grpcclient.InferenceServerClient(delayed.grpc_url)
+        tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        results: list = []
+        future = client.async_infer("ident", [tensor], lambda result, error: results.append(error))
+        _wait_for(lambda: "Delaying InferResponseComplete by 8000 ms..." in log_path.read_text(),
+                  "the response was not held")
+        assert not results
+        future.cancel()
+        _wait_for(lambda: results, "no callback")
+        assert "Locally cancelled by application!" in str(results[0])
+        client.close()
