@@ -14,6 +14,9 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
   ModelInfer at start); test.sh and the test count them in the server log. Triton's testing hook
   TRITONSERVER_DELAY_RESPONSE_COMPLETION holds a ModelInfer response, so that a client can
   cancel the call before it is answered.
+- L0_output_validation: a TorchScript model whose output datatype differs from the
+  configuration's, or that returns fewer outputs than the configuration names, fails the request
+  with the libtorch backend's texts (400).
 - L0_scalar_io: an ONNX tensor of rank 0 configured with dims other than 1s is refused at load
   with the onnxruntime backend's text.
 """
@@ -273,3 +276,40 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
         _wait_for(lambda: results, "no callback")
         assert "Locally cancelled by application!" in str(results[0])
         client.close()
+
+
+# --- L0_output_validation -------------------------------------------------------------------------
+
+def test_torchscript_output_mismatch_texts(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("modelhost_pytorch")
+
+    class Identity(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    module = torch.jit.trace(Identity(), torch.zeros(1, 1))
+    for name, outputs in (("wrong_type", '{ name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ -1 ] }'),
+                          ("wrong_index", '{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] }, '
+                                          '{ name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ -1 ] }')):
+        (tmp_path / name / "1").mkdir(parents=True)
+        module.save(str(tmp_path / name / "1" / "model.pt"))
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+            'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+            f"output [ {outputs} ]\n")
+    body = {"inputs": [{"name": "INPUT__0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+    with serve(tmp_path) as torch_server:
+        def infer(model: str) -> requests.Response:
+            return requests.post(f"{torch_server.http_url}/v2/models/{model}/infer", json=body,
+                                 proxies=NO_PROXY, timeout=60)
+
+        response = infer("wrong_type")
+        assert response.status_code == 400
+        assert response.json()["error"] == ("configuration expects datatype TYPE_INT32 for output "
+                                             "'OUTPUT__0', model provides TYPE_FP32")
+        response = infer("wrong_index")
+        assert response.status_code == 400
+        assert response.json()["error"] == (
+            "The output OUTPUT__1 in the model configuration refers to an output index which "
+            "doesn't exist. This model has 1 outputs")
