@@ -56,7 +56,9 @@ class RequestRules:
         inputs = request.inputs
         if len(inputs) > len(self.inputs) or len(inputs) < len(self.required):
             raise self._count_error(request)
-        for name, tensor in inputs.items():
+        if request.data_error is not None:
+            raise request.data_error
+        for name, tensor in reversed(inputs.items()):  # Triton's (hash map) order, see _count_error
             rule = self.inputs.get(name)
             if rule is None:
                 raise InvalidArgumentError(
@@ -87,7 +89,8 @@ class RequestRules:
         """Triton's words (core InferenceRequest::ValidateRequestInputs), lists included."""
         inputs = request.inputs
         missing = _names([n for n in self.required if n not in inputs])
-        got = _names(inputs) if inputs else "[]"
+        # Triton lists them from its hash map: for a few inputs, in the reverse of their order.
+        got = _names(reversed(list(inputs))) if inputs else "[]"
         if len(self.required) == len(self.inputs):
             expected = f"expected {len(self.inputs)} inputs"
         else:
@@ -191,6 +194,10 @@ _TEXTS: dict[str, dict[str, str]] = {
         "grpc": "expected {count} string elements for inference input '{name}' for model '{model}', "
                 "got {got}",
     },
+    "string_count_over": {
+        "grpc": "unexpected number of string elements {over} for inference input '{name}' for "
+                "model '{model}', expecting {count}",
+    },
     "load_type": {
         "http": "Unable to parse load parameter '{key}': expected a string",
         "grpc": "invalid value type for load parameter '{key}', expected {kind}.",
@@ -244,9 +251,15 @@ def check_new_input(inputs: dict, name: str) -> None:
         raise InvalidArgumentError(f"input '{name}' already exists in request")
 
 
+class DataSizeError(InvalidArgumentError):
+    """An input whose data does not fill its shape (byte size, BYTES element count). Triton's core
+    checks these input by input in its hash map's order: for a few inputs, the last one sent
+    first. The gRPC codec, whose inputs Triton's core checks, reports the last such input."""
+
+
 def check_byte_size(name: str, model: str, expected: int, got: int) -> None:
     if got != expected:
-        raise InvalidArgumentError(
+        raise DataSizeError(
             f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
             f"got {got}")
 
@@ -261,7 +274,10 @@ def fixed_size_count(name: str, model: str, datatype: str, shape: list[int], nby
 def check_string_count(name: str, model: str, count: int, got: int, protocol: str) -> None:
     """A BYTES input holds exactly the elements its shape says."""
     if got != count:
-        raise _error("string_count", protocol, name=name, model=model, count=count, got=got)
+        rule = "string_count_over" if got > count and protocol == "grpc" else "string_count"
+        # Triton's core stops at the first element too many: it names that one (count + 1).
+        raise DataSizeError(_TEXTS[rule][protocol].format(
+            name=name, model=model, count=count, got=got, over=count + 1))
 
 
 def bytes_input(name: str, model: str, shape: list[int], buf: bytes | memoryview,

@@ -14,6 +14,10 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
   ModelInfer at start); test.sh and the test count them in the server log. Triton's testing hook
   TRITONSERVER_DELAY_RESPONSE_COMPLETION holds a ModelInfer response, so that a client can
   cancel the call before it is answered.
+- L0_input_validation (InputShapeTest): Triton's core checks a request's inputs from a hash map,
+  for a few inputs the last one sent first, and after the input count: over gRPC the data-size
+  errors (byte size, BYTES element count) name the last bad input, carry the request's tag, and a
+  missing input is reported before them; "Got input(s)" lists the inputs in that order.
 - L0_output_validation: a TorchScript model whose output datatype differs from the
   configuration's, or that returns fewer outputs than the configuration names, fails the request
   with the libtorch backend's texts (400).
@@ -34,6 +38,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from host.testing import ServerProcess, serve
 
@@ -93,6 +98,12 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },
          { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
 dynamic_batching { preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 120000000 }
+""", OPTIONAL_IDENTITY)
+    _model(root, "strings3", """max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ 4 ] },
+        { name: "INPUT1" data_type: TYPE_STRING dims: [ 4 ] },
+        { name: "INPUT2" data_type: TYPE_STRING dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 4 ] } ]
 """, OPTIONAL_IDENTITY)
     _model(root, "sleeper", """max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -313,3 +324,38 @@ def test_torchscript_output_mismatch_texts(tmp_path):
         assert response.json()["error"] == (
             "The output OUTPUT__1 in the model configuration refers to an output index which "
             "doesn't exist. This model has 1 outputs")
+
+
+# --- L0_input_validation --------------------------------------------------------------------------
+
+def _strings(names: list[str], count: int) -> list:
+    inputs = []
+    for name in names:
+        tensor = grpcclient.InferInput(name, [1, count], "BYTES")
+        tensor.set_data_from_numpy(np.array([[b"7"] * count], dtype=object))
+        tensor.set_shape([1, 4])  # what the configuration wants, not what the data holds
+        inputs.append(tensor)
+    return inputs
+
+
+def test_grpc_input_errors_in_tritons_order(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    names = ["INPUT0", "INPUT1", "INPUT2"]
+
+    def error(inputs, **kwargs) -> str:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("strings3", inputs, **kwargs)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        return info.value.message()
+
+    assert error(_strings(names, 3)) == (
+        "[request id: <id_unknown>] expected 4 string elements for inference input 'INPUT2' for "
+        "model 'strings3', got 3")
+    assert error(_strings(names, 5), request_id="r1") == (
+        "[request id: r1] unexpected number of string elements 5 for inference input 'INPUT2' for "
+        "model 'strings3', expecting 4")
+    assert error(_strings(names[:2], 3)) == (
+        "[request id: <id_unknown>] expected 3 inputs but got 2 inputs for model 'strings3'. Got "
+        "input(s) ['INPUT1','INPUT0'], but missing required input(s) ['INPUT2']. Please provide all "
+        "required input(s).")
+    client.close()
