@@ -189,12 +189,16 @@ _TEXTS: dict[str, dict[str, str]] = {
         "grpc": "invalid shape {shape} for input '{name}' for model '{model}': dimensions must not be "
                 "negative",
     },
+    # Triton's core's words, binary data over HTTP as over gRPC
     "string_count": {
-        "http": "input '{name}': BYTES tensor holds {got} elements, but its shape needs {count}",
+        "http": "expected {count} string elements for inference input '{name}' for model '{model}', "
+                "got {got}",
         "grpc": "expected {count} string elements for inference input '{name}' for model '{model}', "
                 "got {got}",
     },
     "string_count_over": {
+        "http": "unexpected number of string elements {over} for inference input '{name}' for "
+                "model '{model}', expecting {count}",
         "grpc": "unexpected number of string elements {over} for inference input '{name}' for "
                 "model '{model}', expecting {count}",
     },
@@ -253,8 +257,9 @@ def check_new_input(inputs: dict, name: str) -> None:
 
 class DataSizeError(InvalidArgumentError):
     """An input whose data does not fill its shape (byte size, BYTES element count). Triton's core
-    checks these input by input in its hash map's order: for a few inputs, the last one sent
-    first. The gRPC codec, whose inputs Triton's core checks, reports the last such input."""
+    checks these after the input count, input by input in its hash map's order (for a few inputs,
+    the last one sent first): the codecs keep the last such error on the request
+    (`InferenceRequest.data_error`), tagged with the request id, for `RequestRules.check`."""
 
 
 def check_byte_size(name: str, model: str, expected: int, got: int) -> None:
@@ -274,7 +279,7 @@ def fixed_size_count(name: str, model: str, datatype: str, shape: list[int], nby
 def check_string_count(name: str, model: str, count: int, got: int, protocol: str) -> None:
     """A BYTES input holds exactly the elements its shape says."""
     if got != count:
-        rule = "string_count_over" if got > count and protocol == "grpc" else "string_count"
+        rule = "string_count_over" if got > count else "string_count"
         # Triton's core stops at the first element too many: it names that one (count + 1).
         raise DataSizeError(_TEXTS[rule][protocol].format(
             name=name, model=model, count=count, got=got, over=count + 1))

@@ -17,7 +17,8 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
 - L0_input_validation (InputShapeTest): Triton's core checks a request's inputs from a hash map,
   for a few inputs the last one sent first, and after the input count: over gRPC the data-size
   errors (byte size, BYTES element count) name the last bad input, carry the request's tag, and a
-  missing input is reported before them; "Got input(s)" lists the inputs in that order.
+  missing input is reported before them; "Got input(s)" lists the inputs in that order. Binary
+  data over HTTP gets the same (core) texts.
 - L0_output_validation: a TorchScript model whose output datatype differs from the
   configuration's, or that returns fewer outputs than the configuration names, fails the request
   with the libtorch backend's texts (400).
@@ -358,4 +359,21 @@ def test_grpc_input_errors_in_tritons_order(server):
         "[request id: <id_unknown>] expected 3 inputs but got 2 inputs for model 'strings3'. Got "
         "input(s) ['INPUT1','INPUT0'], but missing required input(s) ['INPUT2']. Please provide all "
         "required input(s).")
+    client.close()
+
+
+def test_http_binary_data_size_errors_are_the_cores(server):
+    client = httpclient.InferenceServerClient(server.url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1", "INPUT2"):
+        tensor = httpclient.InferInput(name, [1, 5], "BYTES")
+        tensor.set_data_from_numpy(np.array([[b"7"] * 5], dtype=object), binary_data=True)
+        tensor.set_shape([1, 4])
+        inputs.append(tensor)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("strings3", inputs)
+    assert info.value.status() == "400"
+    assert info.value.message() == (
+        "[request id: <id_unknown>] unexpected number of string elements 5 for inference input "
+        "'INPUT2' for model 'strings3', expecting 4")
     client.close()
