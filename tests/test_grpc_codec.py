@@ -105,10 +105,12 @@ def test_raw_and_contents_together_are_rejected() -> None:
 
 
 def test_sizes_are_checked() -> None:
-    """Data that does not fill its shape: the request carries the error of the last such input,
-    which the host raises after the input count (Triton's core order), with the request's tag."""
+    """Data that does not fill its shape: the request carries each such input's error, which the
+    host raises in Triton's core order (after the input count), with the request's tag."""
     def data_error(msg) -> str:
-        error = codec.decode_infer_request(msg).data_error
+        errors = codec.decode_infer_request(msg).data_errors
+        assert errors is not None and len(errors) == 1
+        error = next(iter(errors.values()))
         assert isinstance(error, InvalidArgumentError)
         return error.message
 

@@ -403,7 +403,7 @@ def _binary_request(sizes, declared, datatype="INT32", shape=(4,)):
 def test_binary_size_mismatch_and_overrun():
     body, hl = _binary_request([16, 12], [16, 12])
     # kept on the request, raised after the input count (Triton's core order), with its tag
-    assert codec.decode_infer_request(body, hl, "m")[0].data_error.message == (
+    assert codec.decode_infer_request(body, hl, "m")[0].data_errors["IN1"].message == (
         "[request id: <id_unknown>] input byte size mismatch for input 'IN1' for model 'm'. "
         "Expected 16, got 12")
     body, hl = _binary_request([16, 8], [16, 16])
@@ -431,7 +431,7 @@ def test_binary_bytes_malformed():
         codec.decode_infer_request(body, hl, "m")
     two = (1).to_bytes(4, "little") + b"a" + (0).to_bytes(4, "little")
     body, hl = _binary_request([0], [len(two)], "BYTES", (3,))
-    assert codec.decode_infer_request(body + two, hl, "m")[0].data_error.message == (
+    assert codec.decode_infer_request(body + two, hl, "m")[0].data_errors["IN0"].message == (
         "[request id: <id_unknown>] expected 3 string elements for inference input 'IN0' for "
         "model 'm', got 2")
     body, hl = _binary_request([0], [2], "BYTES", (1,))

@@ -18,7 +18,8 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
   for a few inputs the last one sent first, and after the input count: over gRPC the data-size
   errors (byte size, BYTES element count) name the last bad input, carry the request's tag, and a
   missing input is reported before them; "Got input(s)" lists the inputs in that order. Binary
-  data over HTTP gets the same (core) texts.
+  data over HTTP gets the same (core) texts. Datatype, shape (with Triton's NOTE on the batch
+  dimension) and batch errors carry the tag too.
 - L0_output_validation: a TorchScript model whose output datatype differs from the
   configuration's, or that returns fewer outputs than the configuration names, fails the request
   with the libtorch backend's texts (400).
@@ -359,6 +360,22 @@ def test_grpc_input_errors_in_tritons_order(server):
         "[request id: <id_unknown>] expected 3 inputs but got 2 inputs for model 'strings3'. Got "
         "input(s) ['INPUT1','INPUT0'], but missing required input(s) ['INPUT2']. Please provide all "
         "required input(s).")
+    inputs = []
+    for name, rows, count in (("INPUT0", 1, 3), ("INPUT1", 1, 3), ("INPUT2", 1, 3)):
+        tensor = grpcclient.InferInput(name, [rows, count], "BYTES")
+        tensor.set_data_from_numpy(np.array([[b"7"] * count] * rows, dtype=object))
+        inputs.append(tensor)
+    assert error(inputs) == (
+        "[request id: <id_unknown>] unexpected shape for input 'INPUT2' for model 'strings3'. "
+        "Expected [-1,4], got [1,3]. NOTE: Setting a non-zero max_batch_size in the model config "
+        "requires a batch dimension to be prepended to each input shape. If you want to specify "
+        "the full shape including the batch dim in your input dims config, try setting "
+        "max_batch_size to zero. See the model configuration docs for more info on max_batch_size.")
+    inputs = _strings(names, 4)
+    inputs[2] = grpcclient.InferInput("INPUT2", [2, 4], "BYTES")
+    inputs[2].set_data_from_numpy(np.array([[b"7"] * 4] * 2, dtype=object))
+    assert error(inputs) == ("[request id: <id_unknown>] input 'INPUT1' batch size does not match "
+                             "other inputs for 'strings3'")
     client.close()
 
 

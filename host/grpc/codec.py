@@ -135,7 +135,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     raw_index = 0
     inputs: dict[str, Tensor] = {}
     uses_shm = False
-    size_error: validation.DataSizeError | None = None  # the last input whose data does not fill its shape
+    size_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
     for tensor in msg.inputs:
         name = tensor.name
         datatype = tensor.datatype
@@ -163,12 +163,12 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
             try:
                 data = _from_contents(name, datatype, shape, tensor.contents, model)
             except validation.DataSizeError as exc:
-                size_error, data = exc, None
+                size_errors[name], data = exc, None
         elif raw_index < len(raw):
             try:
                 data = _from_raw(name, datatype, shape, raw[raw_index], model)
             except validation.DataSizeError as exc:
-                size_error, data = exc, None
+                size_errors[name], data = exc, None
             raw_index += 1
         else:
             raise InvalidArgumentError(
@@ -189,9 +189,8 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                                parameters=parameters_to_dict(params) if params else {},
                                protocol="grpc")
     request.uses_shm = uses_shm
-    if size_error is not None:  # Triton's core words it with the request's tag
-        size_error = type(size_error)(validation.request_tag(request) + size_error.message)
-    request.data_error = size_error
+    if size_errors:  # Triton's core words them with the request's tag
+        request.data_errors = validation.tagged(request, size_errors)
     return request
 
 

@@ -526,20 +526,21 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     inputs: dict[str, Tensor] = {}
     offset = end
     has_header = header_length is not None
-    data_error = None  # the last input whose data does not fill its shape
+    data_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
     for index, item in enumerate(inputs_json):
         tensor, offset, error = _decode_input(item, index, view, offset, has_header, model_name)
         validation.check_new_input(inputs, tensor.name)
         inputs[tensor.name] = tensor
-        data_error = error or data_error
+        if error is not None:
+            data_errors[tensor.name] = error
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
     outputs, binary = _requested_outputs(doc.get("outputs"))
     request = InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
                                inputs=inputs, outputs=outputs, parameters=parameters,
                                protocol="http")
-    if data_error is not None:  # raised after the input count, with the request's tag
-        request.data_error = type(data_error)(validation.request_tag(request) + data_error.message)
+    if data_errors:  # raised in Triton's core order, with the request's tag
+        request.data_errors = validation.tagged(request, data_errors)
     else:
         request.uses_shm = _uses_shm(request)
     return request, OutputFormat(default_binary, binary)
