@@ -87,6 +87,9 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
+    p.add_argument("--grpc-max-response-pool-size", type=int, default=None, metavar="N",
+                   help=f"{NO_EFFECT} responses are not pooled (Triton's cap on the response "
+                        "objects a gRPC stream keeps allocated); must be greater than 0")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -99,6 +102,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"modelhost: --rate-limit={args.rate_limit} is not supported: modelhost has no rate "
             "limiter, requests run as soon as a model instance is free (Triton's "
             "--rate-limit=off). Leave the flag out or pass --rate-limit=off.")
+    if args.grpc_max_response_pool_size is not None and args.grpc_max_response_pool_size <= 0:
+        raise SystemExit("modelhost: Error: --grpc-max-response-pool-size must be greater than 0.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     backend_config: dict[str, dict[str, str]] = {}

@@ -23,6 +23,8 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
 - L0_output_validation: a TorchScript model whose output datatype differs from the
   configuration's, or that returns fewer outputs than the configuration names, fails the request
   with the libtorch backend's texts (400).
+- L0_decoupled: its second server passes --grpc-max-response-pool-size=1 (a flag newer than
+  Triton 2.51): accepted (no effect here), and a value <= 0 refused with Triton's text.
 - L0_scalar_io: an ONNX tensor of rank 0 configured with dims other than 1s is refused at load
   with the onnxruntime backend's text.
 """
@@ -30,6 +32,8 @@ differently from Triton (checked against Triton 2.51 or Triton's sources):
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -394,3 +398,15 @@ def test_http_binary_data_size_errors_are_the_cores(server):
         "[request id: <id_unknown>] unexpected number of string elements 5 for inference input "
         "'INPUT2' for model 'strings3', expecting 4")
     client.close()
+
+
+# --- L0_decoupled ---------------------------------------------------------------------------------
+
+def test_grpc_max_response_pool_size_flag(tmp_path):
+    with serve(tmp_path, "--grpc-max-response-pool-size=1") as pooled:
+        assert httpclient.InferenceServerClient(pooled.url).is_server_ready()
+    done = subprocess.run([sys.executable, "-m", "host", "serve", "--model-repository",
+                           str(tmp_path), "--grpc-max-response-pool-size=0"],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Error: --grpc-max-response-pool-size must be greater than 0." in done.stderr
