@@ -16,7 +16,7 @@ import numpy as np
 from host.errors import HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 
-__all__ = ["groups", "gather", "scatter", "run_batched", "shape_key"]
+__all__ = ["groups", "gather", "scatter", "run_batched", "shape_key", "batch_key"]
 
 
 def _signature(request: InferenceRequest) -> tuple:
@@ -66,6 +66,18 @@ def shape_key(config: Any) -> Callable[[InferenceRequest], tuple] | None:
         return tuple(parts)
 
     return key
+
+
+def batch_key(config: Any, equal_shapes: bool) -> Callable[[InferenceRequest], tuple] | None:
+    """The dynamic batcher's `compatible` key: `shape_key` (Triton's core rule) for a backend
+    that keeps equal shapes (every backend but those that opt out); for one that opts out, still
+    the inputs a request gives when the model has optional inputs (Triton's core batches only
+    requests that give the same inputs, whatever the backend)."""
+    if equal_shapes:
+        return shape_key(config)
+    if not any(i.optional for i in config.input):
+        return None
+    return lambda request: (frozenset(request.inputs),)
 
 
 def groups(requests: Sequence[InferenceRequest], batching: bool) -> list[list[InferenceRequest]]:

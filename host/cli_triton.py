@@ -134,6 +134,9 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
                    metavar="DEVICE:FRACTION",
                    help=f"{NO_EFFECT} model loads are not held back by GPU memory use here "
                         "(checked as Triton checks it)")
+    p.add_argument("--grpc-max-response-pool-size", type=int, default=None, metavar="N",
+                   help=f"{NO_EFFECT} responses are not pooled (Triton's cap on the response "
+                        "objects a gRPC stream keeps allocated); must be greater than 0")
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
@@ -167,6 +170,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if not 2 <= args.grpc_infer_thread_count <= 128:
         raise SystemExit("modelhost: invalid argument for --grpc_infer_thread_count. Must be in "
                          "the range 2 to 128.")
+    if args.grpc_max_response_pool_size is not None and args.grpc_max_response_pool_size <= 0:
+        raise SystemExit("modelhost: Error: --grpc-max-response-pool-size must be greater than 0.")
     if args.model_config_name == "":
         raise SystemExit("modelhost: empty argument for --model-config-name")
     for device, fraction in args.model_load_gpu_limit:  # Triton's checks and texts

@@ -63,6 +63,9 @@ class InferenceRequest:
     # Shared memory: the front end sets `uses_shm` when a tensor names a region (its data is then
     # None until the host binds it); `shm_outputs` maps output names to (region, offset, size).
     uses_shm: bool = False
+    # Inputs whose data does not fill their shape, found while decoding: name -> error, raised by
+    # the request's checks in Triton's core order (host.validation.RequestRules.check).
+    data_errors: dict[str, Exception] | None = None
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
     # A `host.trace.Trace` when this request was sampled for tracing, else None.
     trace: Any = None

@@ -130,7 +130,7 @@ class ModelVersion:
             db = cfg.dynamic_batching
             return DynamicBatcher(self, slots, cfg.max_batch_size, list(db.preferred_batch_size),
                                   db.max_queue_delay_microseconds, queue_config=db,
-                                  compatible=batch.shape_key(cfg) if self._equal_shapes else None,
+                                  compatible=batch.batch_key(cfg, self._equal_shapes),
                                   strategy=self._strategy)
         return DirectScheduler(self, slots)
 

@@ -25,7 +25,8 @@ _SHM = r"/v2/(?:system|cuda)sharedmemory"
 
 # category, HTTP paths (one regular expression), gRPC methods of GRPCInferenceService.
 ENDPOINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("health", r"/v2/health/(?:live|ready)", ("ServerLive", "ServerReady")),
+    # "Check": grpc.health.v1.Health, which Triton guards as health too.
+    ("health", r"/v2/health/(?:live|ready)", ("ServerLive", "ServerReady", "Check")),
     ("health", _MODEL + r"/ready", ("ModelReady",)),
     ("metadata", r"/v2/?", ("ServerMetadata",)),
     ("metadata", _MODEL + r"/?", ("ModelMetadata",)),

@@ -295,7 +295,7 @@ class DynamicBatcher:
                     remaining = queue.oldest_enqueue_ns() + self.max_delay_ns - time.perf_counter_ns()
                     exceeded = self.max_delay_ns > 0 and remaining <= 0
                     take = 0 if exceeded else self._preferred_prefix()
-                    if take or exceeded or queue.rows >= self.target or remaining <= 0:
+                    if take or exceeded or remaining <= 0 or not self._may_grow(queue):
                         break
                     if self._strategy is not None and self._evaluate(queue).stop is not None:
                         break  # the custom strategy closed the batch: sent now, as Triton does
@@ -406,6 +406,25 @@ class DynamicBatcher:
             return [queue.popleft() for _ in forming.included]  # the front of the queue
         finally:
             strategy.end(forming.userp)
+
+    def _may_grow(self, queue: RequestQueue) -> bool:
+        """Whether the batch at the front of the queue is worth waiting for: it is below the
+        target size and every queued request could join it. As in Triton, a pending batch is sent
+        at once when the next request cannot join it (another shape, other optional inputs)."""
+        key = self._compatible
+        if key is None:
+            return queue.rows < self.target
+        rows = 0
+        first = None
+        for request in queue:
+            if first is None:
+                first = key(request)
+            elif key(request) != first:
+                return False
+            rows += request.batch_size
+            if rows >= self.target:
+                return False
+        return True
 
     def pending(self) -> int:
         """Requests queued and not yet taken into a batch (nv_inference_pending_request_count)."""

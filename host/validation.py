@@ -51,23 +51,40 @@ class RequestRules:
     def check(self, request: InferenceRequest) -> None:
         """Raise InvalidArgumentError for the first rule the request breaks; set its batch size.
 
-        Triton's order: the input count first (against required and total), then each input.
+        Triton's core order (InferenceRequest::Normalize): the input count first (against
+        required and total); then, input by input in its hash map's order (for a few inputs, the
+        reverse of the request's, which is what this takes), the names, the batch dimension, the
+        batch size; then each input's datatype, shape and data size. Its texts carry the
+        request's tag (`request_tag`).
         """
         inputs = request.inputs
         if len(inputs) > len(self.inputs) or len(inputs) < len(self.required):
             raise self._count_error(request)
-        for name, tensor in inputs.items():
-            rule = self.inputs.get(name)
-            if rule is None:
+        names = list(reversed(inputs))
+        for name in names:
+            if name not in self.inputs:
                 raise InvalidArgumentError(
                     f"unexpected inference input '{name}' for model '{self.model}'")
-            if tensor.datatype != rule.datatype:
-                raise InvalidArgumentError(
-                    f"inference input '{name}' data-type is '{tensor.datatype}', but model "
-                    f"'{self.model}' expects '{rule.datatype}'")
         if len(inputs) < len(self.inputs) and any(n not in inputs for n in self.required):
             raise self._count_error(request)  # an optional input given in place of a required one
-        batch = self._check_shapes(request)
+        tag = request_tag(request)
+        batch = self._batch_size(request, names, tag)
+        data_errors = request.data_errors or {}
+        for name in names:
+            tensor, rule = inputs[name], self.inputs[name]
+            if tensor.datatype != rule.datatype:
+                raise InvalidArgumentError(
+                    f"{tag}inference input '{name}' data-type is '{tensor.datatype}', but model "
+                    f"'{self.model}' expects '{rule.datatype}'")
+            if not _matches(rule.dims, tensor.shape[1:] if self.max_batch_size > 0 else tensor.shape):
+                full = ([-1] if self.max_batch_size > 0 else []) + list(rule.dims)
+                raise InvalidArgumentError(
+                    f"{tag}unexpected shape for input '{name}' for model '{self.model}'. Expected "
+                    f"{_shape(full)}, got {_shape(tensor.shape)}. "
+                    + (_IMPLICIT_BATCH_NOTE if self.max_batch_size > 0 else ""))
+            error = data_errors.get(name)
+            if error is not None:
+                raise error
         request.batch_size = batch
         if self.input_reshapes:
             for name, (dims, shape) in self.input_reshapes.items():
@@ -87,7 +104,8 @@ class RequestRules:
         """Triton's words (core InferenceRequest::ValidateRequestInputs), lists included."""
         inputs = request.inputs
         missing = _names([n for n in self.required if n not in inputs])
-        got = _names(inputs) if inputs else "[]"
+        # Triton lists them from its hash map: for a few inputs, in the reverse of their order.
+        got = _names(reversed(list(inputs))) if inputs else "[]"
         if len(self.required) == len(self.inputs):
             expected = f"expected {len(self.inputs)} inputs"
         else:
@@ -97,34 +115,27 @@ class RequestRules:
             f"'{self.model}'. Got input(s) {got}, but missing required input(s) {missing}. "
             "Please provide all required input(s).")
 
-    def _check_shapes(self, request: InferenceRequest) -> int:
-        batch = None
-        for name, tensor in request.inputs.items():
-            dims = self.inputs[name].dims
-            shape = tensor.shape
-            if self.max_batch_size > 0:
-                if not shape:
-                    raise InvalidArgumentError(
-                        f"input '{name}' has no batch dimension, but model '{self.model}' "
-                        f"batches (max_batch_size {self.max_batch_size})")
-                rows, shape = shape[0], shape[1:]
-                if batch is None:
-                    batch = rows
-                elif rows != batch:
-                    raise InvalidArgumentError(
-                        f"input '{name}' batch size {rows} does not match the batch size {batch} "
-                        f"of the other inputs of model '{self.model}'")
-                if rows < 1 or rows > self.max_batch_size:
-                    raise InvalidArgumentError(
-                        f"inference request batch-size must be <= {self.max_batch_size} for "
-                        f"'{self.model}'")
-            if not _matches(dims, shape):
-                full = ([-1] if self.max_batch_size > 0 else []) + list(dims)
+    def _batch_size(self, request: InferenceRequest, names: list[str], tag: str) -> int:
+        """The request's batch size: the first dimension every input shares (a batching model)."""
+        if self.max_batch_size <= 0:
+            return 1
+        batch = 0
+        for name in names:
+            shape = request.inputs[name].shape
+            if not shape:
                 raise InvalidArgumentError(
-                    f"unexpected shape for input '{name}' for model '{self.model}'. Expected "
-                    f"{_shape(full)}, got {_shape(tensor.shape)}")
-        return batch or 1
-
+                    f"{tag}input '{name}' has no shape but model requires batch dimension for "
+                    f"'{self.model}'")
+            if batch == 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise InvalidArgumentError(
+                    f"{tag}input '{name}' batch size does not match other inputs for '{self.model}'")
+        if batch < 1 or batch > self.max_batch_size:
+            raise InvalidArgumentError(
+                f"{tag}inference request batch-size must be <= {self.max_batch_size} for "
+                f"'{self.model}'")
+        return batch
 
     def reshape_outputs(self, response: InferenceResponse) -> None:
         """Give outputs with a `reshape` the shape of their dims (run on every response)."""
@@ -151,6 +162,13 @@ class RequestRules:
         if shape != tensor.shape and tensor.data is not None:
             tensor.data = tensor.data.reshape(shape)
             tensor.shape = shape
+
+
+_IMPLICIT_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "prepended to each input shape. If you want to specify the full shape including the batch dim "
+    "in your input dims config, try setting max_batch_size to zero. See the model configuration "
+    "docs for more info on max_batch_size.")
 
 
 def _matches(dims: tuple[int, ...], shape: list[int]) -> bool:
@@ -186,10 +204,18 @@ _TEXTS: dict[str, dict[str, str]] = {
         "grpc": "invalid shape {shape} for input '{name}' for model '{model}': dimensions must not be "
                 "negative",
     },
+    # Triton's core's words, binary data over HTTP as over gRPC
     "string_count": {
-        "http": "input '{name}': BYTES tensor holds {got} elements, but its shape needs {count}",
+        "http": "expected {count} string elements for inference input '{name}' for model '{model}', "
+                "got {got}",
         "grpc": "expected {count} string elements for inference input '{name}' for model '{model}', "
                 "got {got}",
+    },
+    "string_count_over": {
+        "http": "unexpected number of string elements {over} for inference input '{name}' for "
+                "model '{model}', expecting {count}",
+        "grpc": "unexpected number of string elements {over} for inference input '{name}' for "
+                "model '{model}', expecting {count}",
     },
     "load_type": {
         "http": "Unable to parse load parameter '{key}': expected a string",
@@ -244,9 +270,22 @@ def check_new_input(inputs: dict, name: str) -> None:
         raise InvalidArgumentError(f"input '{name}' already exists in request")
 
 
+class DataSizeError(InvalidArgumentError):
+    """An input whose data does not fill its shape (byte size, BYTES element count). Triton's core
+    checks these after the input count, input by input in its hash map's order (for a few inputs,
+    the last one sent first): the codecs keep them on the request (`InferenceRequest.data_errors`,
+    `tagged`) for `RequestRules.check`."""
+
+
+def tagged(request: InferenceRequest, errors: dict[str, DataSizeError]) -> dict[str, Exception]:
+    """The decoders' data-size errors as Triton's core words them: with the request's tag."""
+    tag = request_tag(request)
+    return {name: DataSizeError(tag + error.message) for name, error in errors.items()}
+
+
 def check_byte_size(name: str, model: str, expected: int, got: int) -> None:
     if got != expected:
-        raise InvalidArgumentError(
+        raise DataSizeError(
             f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
             f"got {got}")
 
@@ -261,7 +300,10 @@ def fixed_size_count(name: str, model: str, datatype: str, shape: list[int], nby
 def check_string_count(name: str, model: str, count: int, got: int, protocol: str) -> None:
     """A BYTES input holds exactly the elements its shape says."""
     if got != count:
-        raise _error("string_count", protocol, name=name, model=model, count=count, got=got)
+        rule = "string_count_over" if got > count else "string_count"
+        # Triton's core stops at the first element too many: it names that one (count + 1).
+        raise DataSizeError(_TEXTS[rule][protocol].format(
+            name=name, model=model, count=count, got=got, over=count + 1))
 
 
 def bytes_input(name: str, model: str, shape: list[int], buf: bytes | memoryview,

@@ -105,20 +105,29 @@ def test_raw_and_contents_together_are_rejected() -> None:
 
 
 def test_sizes_are_checked() -> None:
+    """Data that does not fill its shape: the request carries each such input's error, which the
+    host raises in Triton's core order (after the input count), with the request's tag."""
+    def data_error(msg) -> str:
+        errors = codec.decode_infer_request(msg).data_errors
+        assert errors is not None and len(errors) == 1
+        error = next(iter(errors.values()))
+        assert isinstance(error, InvalidArgumentError)
+        return error.message
+
     msg = _request(InputTensor(name="X", datatype="FP32", shape=[4]), raw=[b"\0" * 12])
-    with pytest.raises(InvalidArgumentError) as info:
-        codec.decode_infer_request(msg)
-    assert info.value.message == ("input byte size mismatch for input 'X' for model 'm'. "
-                                  "Expected 16, got 12")
+    assert data_error(msg) == ("[request id: <id_unknown>] input byte size mismatch for input 'X' "
+                               "for model 'm'. Expected 16, got 12")
     tensor = InputTensor(name="X", datatype="INT32", shape=[3])
     tensor.contents.int_contents.extend([1, 2])
-    with pytest.raises(InvalidArgumentError, match="Expected 12, got 8"):
-        codec.decode_infer_request(_request(tensor))
+    assert data_error(_request(tensor)).endswith("Expected 12, got 8")
     msg = _request(InputTensor(name="S", datatype="BYTES", shape=[3]),
                    raw=[datatypes.serialize_bytes([b"a", b"b"])])
-    with pytest.raises(InvalidArgumentError) as info:
-        codec.decode_infer_request(msg)
-    assert info.value.message == "expected 3 string elements for inference input 'S' for model 'm', got 2"
+    assert data_error(msg) == ("[request id: <id_unknown>] expected 3 string elements for inference "
+                               "input 'S' for model 'm', got 2")
+    msg = _request(InputTensor(name="S", datatype="BYTES", shape=[3]),
+                   raw=[datatypes.serialize_bytes([b"a", b"b", b"c", b"d"])])
+    assert data_error(msg) == ("[request id: <id_unknown>] unexpected number of string elements 4 "
+                               "for inference input 'S' for model 'm', expecting 3")
     msg = _request(InputTensor(name="X", datatype="FP32", shape=[1]))
     with pytest.raises(InvalidArgumentError) as info:
         codec.decode_infer_request(msg)

@@ -402,9 +402,10 @@ def _binary_request(sizes, declared, datatype="INT32", shape=(4,)):
 
 def test_binary_size_mismatch_and_overrun():
     body, hl = _binary_request([16, 12], [16, 12])
-    with pytest.raises(InvalidArgumentError, match=r"input byte size mismatch for input 'IN1' for model 'm'\. "
-                                                   r"Expected 16, got 12"):  # fmt: skip
-        codec.decode_infer_request(body, hl, "m")
+    # kept on the request, raised after the input count (Triton's core order), with its tag
+    assert codec.decode_infer_request(body, hl, "m")[0].data_errors["IN1"].message == (
+        "[request id: <id_unknown>] input byte size mismatch for input 'IN1' for model 'm'. "
+        "Expected 16, got 12")
     body, hl = _binary_request([16, 8], [16, 16])
     with pytest.raises(InvalidArgumentError, match="unexpected size for input 'IN1', expecting 8 additional bytes"):
         codec.decode_infer_request(body, hl, "m")
@@ -430,8 +431,9 @@ def test_binary_bytes_malformed():
         codec.decode_infer_request(body, hl, "m")
     two = (1).to_bytes(4, "little") + b"a" + (0).to_bytes(4, "little")
     body, hl = _binary_request([0], [len(two)], "BYTES", (3,))
-    with pytest.raises(InvalidArgumentError, match="input 'IN0': BYTES tensor holds 2 elements, but its shape needs 3"):
-        codec.decode_infer_request(body + two, hl, "m")
+    assert codec.decode_infer_request(body + two, hl, "m")[0].data_errors["IN0"].message == (
+        "[request id: <id_unknown>] expected 3 string elements for inference input 'IN0' for "
+        "model 'm', got 2")
     body, hl = _binary_request([0], [2], "BYTES", (1,))
     with pytest.raises(InvalidArgumentError, match="incomplete length prefix"):
         codec.decode_infer_request(body + b"\x01\x00", hl, "m")

@@ -21,7 +21,7 @@ def test_negative_dimension_per_protocol(protocol, text):
 
 
 @pytest.mark.parametrize("protocol, text", [
-    ("http", "input 'S': BYTES tensor holds 1 elements, but its shape needs 2"),
+    ("http", "expected 2 string elements for inference input 'S' for model 'm', got 1"),
     ("grpc", "expected 2 string elements for inference input 'S' for model 'm', got 1"),
 ])
 def test_string_count_per_protocol(protocol, text):

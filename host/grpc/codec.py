@@ -135,6 +135,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     raw_index = 0
     inputs: dict[str, Tensor] = {}
     uses_shm = False
+    size_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
     for tensor in msg.inputs:
         name = tensor.name
         datatype = tensor.datatype
@@ -159,9 +160,15 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                 raise InvalidArgumentError(
                     f"contents field must not be specified when using raw_input_contents for "
                     f"'{name}' for model '{model}'")
-            data = _from_contents(name, datatype, shape, tensor.contents, model)
+            try:
+                data = _from_contents(name, datatype, shape, tensor.contents, model)
+            except validation.DataSizeError as exc:
+                size_errors[name], data = exc, None
         elif raw_index < len(raw):
-            data = _from_raw(name, datatype, shape, raw[raw_index], model)
+            try:
+                data = _from_raw(name, datatype, shape, raw[raw_index], model)
+            except validation.DataSizeError as exc:
+                size_errors[name], data = exc, None
             raw_index += 1
         else:
             raise InvalidArgumentError(
@@ -182,6 +189,8 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                                parameters=parameters_to_dict(params) if params else {},
                                protocol="grpc")
     request.uses_shm = uses_shm
+    if size_errors:  # Triton's core words them with the request's tag
+        request.data_errors = validation.tagged(request, size_errors)
     return request
 
 

@@ -33,6 +33,7 @@ How it runs:
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -72,8 +73,26 @@ _ReceiveClose = cygrpc.ReceiveCloseOnServerOperation
 _SendMetadata = cygrpc.SendInitialMetadataOperation
 _SendMessage = cygrpc.SendMessageOperation
 _SendStatus = cygrpc.SendStatusFromServerOperation
+_VERBOSE2 = logging.DEBUG - 1  # --log-verbose=2 (host.logsettings)
 # gRPC status code -> its name (OK, INVALID_ARGUMENT...), for the --log-verbose lines
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+_INFER_PATH = f"/{SERVICE}/ModelInfer"
+_STATE_IDS = itertools.count(1)
+_HANDLERS = {_INFER_PATH: "ModelInferHandler", f"/{SERVICE}/ModelStreamInfer": "ModelStreamInferHandler"}
+
+
+def _log_state_end(handler: str, cancelled: bool) -> None:
+    """Triton's lines for an inference call's end, at --log-verbose (its QA greps the log for
+    them): "Cancellation notification received for <handler>" (level 1) when the client
+    cancelled it, and "StateRelease" (level 2) as the call's state is let go."""
+    state = next(_STATE_IDS)
+    if cancelled:
+        _REQUEST_LOG.debug("Cancellation notification received for %s, rpc_ok=1, context %d "
+                           "step CANCELLED, state %d step CANCELLED", handler, state, state)
+    _REQUEST_LOG.log(_VERBOSE2, "StateRelease, %d Step %s", state,
+                     "CANCELLED" if cancelled else "FINISH")
 
 
 def _ignore(event: Any) -> None:
@@ -175,11 +194,13 @@ class _LoggedUnaryCall(_UnaryCall):
         super()._send_error(code, details)
 
     def _on_close(self, event: Any) -> None:
+        cancelled = event.batch_operations[0].cancelled()
         try:
             super()._on_close(event)
         finally:
-            self.record.done("CANCELLED" if event.batch_operations[0].cancelled()
-                             else _CODE_NAMES.get(self.code, str(self.code)))
+            self.record.done("CANCELLED" if cancelled else _CODE_NAMES.get(self.code, str(self.code)))
+            if self.record.method == _INFER_PATH:
+                _log_state_end("ModelInferHandler", cancelled)
 
 
 class _Status(Exception):
@@ -311,11 +332,13 @@ class _LoggedStreamCall(_StreamCall):
         super().__init__(call, servicer, metadata)
 
     def _on_close(self, event: Any) -> None:
+        cancelled = event.batch_operations[0].cancelled()
         try:
             super()._on_close(event)
         finally:
-            self.record.done("CANCELLED" if event.batch_operations[0].cancelled()
+            self.record.done("CANCELLED" if cancelled
                              else _CODE_NAMES.get(self._status[0], str(self._status[0])))
+            _log_state_end("ModelStreamInferHandler", cancelled)
 
 
 def _refuse(call: Any, code: int, details: bytes, record: GrpcCallLog | None) -> None:
@@ -341,6 +364,8 @@ def _unary_table(servicer: Servicer) -> dict[bytes, tuple[Callable, Callable]]:
         request_class = getattr(pb, method.input_type.name)
         table[f"/{SERVICE}/{method.name}".encode()] = (getattr(servicer, method.name),
                                                       request_class.FromString)
+    # The standard health service Triton also serves (its request names a service: ignored).
+    table[b"/grpc.health.v1.Health/Check"] = (servicer.Check, bytes)
     return table
 
 
@@ -488,6 +513,10 @@ class GrpcServer:
         for _ in range(min(self._pollers.max_threads, 8)):
             self._server.request_call(self._cq, self._cq, self._on_new_call)
         self._pollers.start()
+        # Triton's lines for the handlers that wait for the first calls (its two ModelInfer
+        # threads, its stream thread), at --log-verbose; its QA counts them.
+        for handler in ("ModelInferHandler", "ModelInferHandler", "ModelStreamInferHandler"):
+            _REQUEST_LOG.debug("New request handler for %s, %d", handler, 0)
 
     def _on_new_call(self, event: Any) -> None:
         with self._lock:  # never after shutdown
@@ -500,6 +529,9 @@ class GrpcServer:
         if _REQUEST_LOG.isEnabledFor(logging.DEBUG):  # --log-verbose: a line per call as it ends
             record = GrpcCallLog(path.decode(errors="replace"), event.invocation_metadata,
                                  event.call.peer())
+            if record.method in _HANDLERS:  # Triton starts a handler for the next such call
+                _REQUEST_LOG.debug("New request handler for %s, %d", _HANDLERS[record.method],
+                                   next(_STATE_IDS))
         if self._restrictions is not None:
             denial = self._restrictions.grpc_denial(path.rsplit(b"/", 1)[-1].decode("latin-1"),
                                                     event.invocation_metadata)

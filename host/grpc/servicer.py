@@ -8,15 +8,37 @@ the one table in `host.grpc.status`. ModelStreamInfer returns a `host.grpc.strea
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from typing import Any, Callable, Protocol
 
 from host.grpc import codec
 from host.grpc.stream import Stream, Writer
 from host.proto import grpc_service_pb2 as pb
 
+log = logging.getLogger("host.grpc")
+
 INFER_ENDPOINT = "ModelInfer RPC"
 # Returned by a unary method that answers later through `call.finish` (from another thread).
 DEFERRED = object()
+
+
+# grpc.health.v1.HealthCheckResponse.ServingStatus
+SERVING, NOT_SERVING = 1, 2
+
+
+class HealthCheckResponse:
+    """grpc.health.v1.HealthCheckResponse (its one field, `status`), without the grpc-health
+    package: the rpc is two bytes."""
+
+    __slots__ = ("status",)
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def SerializeToString(self) -> bytes:
+        return bytes((0x08, self.status))  # field 1, varint
 
 
 class Call(Protocol):
@@ -32,10 +54,26 @@ class Call(Protocol):
     metadata: Any
 
 
+def _debug_delay_ms(variable: str) -> int:
+    """One of Triton's gRPC testing hooks (an environment variable in milliseconds), 0 if unset."""
+    try:
+        return max(int(os.environ.get(variable, "0")), 0)
+    except ValueError:
+        return 0
+
+
 class Servicer:
     def __init__(self, host: Any) -> None:
         self.host = host
         self.forward = getattr(host, "grpc_header_forwarder", None)  # or None: nothing to do
+        # Triton's testing hooks that hold a ModelInfer response before it is sent (its QA
+        # cancels calls in that window): (milliseconds, the line Triton logs).
+        self._response_delays = [
+            (ms, f"{text} {ms} ms...") for ms, text in (
+                (_debug_delay_ms("TRITONSERVER_DELAY_RESPONSE_COMPLETE_EXEC"),
+                 "Delaying InferResponseComplete execution by"),
+                (_debug_delay_ms("TRITONSERVER_DELAY_RESPONSE_COMPLETION"),
+                 "Delaying InferResponseComplete by")) if ms]
 
     # --- health ----------------------------------------------------------------------------
     def ServerLive(self, request: Any, call: Call) -> Any:
@@ -43,6 +81,11 @@ class Servicer:
 
     def ServerReady(self, request: Any, call: Call) -> Any:
         return pb.ServerReadyResponse(ready=self.host.ready())
+
+    def Check(self, request: Any, call: Call) -> Any:
+        """grpc.health.v1.Health/Check, as Triton answers it: SERVING when the server is ready,
+        NOT_SERVING otherwise, whatever service the request names."""
+        return HealthCheckResponse(SERVING if self.host.ready() else NOT_SERVING)
 
     def ModelReady(self, request: Any, call: Call) -> Any:
         codec.model_version(request.version)
@@ -78,6 +121,9 @@ class Servicer:
             # On the thread that finished the request: the caller's for a model that runs in
             # place, a batcher thread for a batched one (the polling thread was not kept
             # waiting, so it could read the other requests of the batch meanwhile).
+            for ms, line in self._response_delays:
+                log.info(line)
+                time.sleep(ms / 1000)
             call.finish(codec.encode_unary_response(response, request_id)
                         if not isinstance(response, BaseException) else response)
 

@@ -401,7 +401,9 @@ def request_parameters(params: Any) -> tuple[dict[str, Any], bool]:
 
 
 def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_header: bool,
-                  model_name: str) -> tuple[Tensor, int]:
+                  model_name: str) -> tuple[Tensor, int, validation.DataSizeError | None]:
+    """An input of the JSON header, its binary data (from `offset`) taken; and the error of data
+    that does not fill its shape, which the caller keeps for later (Triton's core order)."""
     if not isinstance(item, dict):
         raise InvalidArgumentError(f"Unable to parse 'inputs': element {index} is not an object")
     name = item.get("name")
@@ -437,7 +439,7 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
             "in 'parameters', 'shared_memory_region' in 'parameters'. But "
             + (("set " + " ".join(given)) if given else "no field is set"))
     if has_shm:  # the host binds it to the region (host.shm)
-        return Tensor(name, datatype, shape, None, dict(params)), offset
+        return Tensor(name, datatype, shape, None, dict(params)), offset, None
     if has_binary:
         size = params["binary_data_size"]
         if not _nonneg_int(size):
@@ -452,17 +454,21 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
             raise InvalidArgumentError(
                 f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
                 f"for model '{model_name}'")
-        if datatype == "BYTES":
-            data = validation.bytes_input(name, model_name, shape, view[offset:end], "http")
-        else:
-            count = validation.fixed_size_count(name, model_name, datatype, shape, size)
-            data = np.frombuffer(view[offset:end], datatypes.to_numpy(datatype), count).reshape(shape)
+        try:
+            if datatype == "BYTES":
+                data = validation.bytes_input(name, model_name, shape, view[offset:end], "http")
+            else:
+                count = validation.fixed_size_count(name, model_name, datatype, shape, size)
+                data = np.frombuffer(view[offset:end], datatypes.to_numpy(datatype),
+                                     count).reshape(shape)
+        except validation.DataSizeError as exc:  # Triton's core's check: raised after the count
+            return Tensor(name, datatype, shape, None, {}), end, exc
         offset = end
         extra = {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
     else:
         data = json_to_array(name, datatype, item["data"], shape)
         extra = dict(params)
-    return Tensor(name, datatype, shape, data, extra), offset
+    return Tensor(name, datatype, shape, data, extra), offset, None
 
 
 def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, bool]]:
@@ -520,17 +526,23 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     inputs: dict[str, Tensor] = {}
     offset = end
     has_header = header_length is not None
+    data_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
     for index, item in enumerate(inputs_json):
-        tensor, offset = _decode_input(item, index, view, offset, has_header, model_name)
+        tensor, offset, error = _decode_input(item, index, view, offset, has_header, model_name)
         validation.check_new_input(inputs, tensor.name)
         inputs[tensor.name] = tensor
+        if error is not None:
+            data_errors[tensor.name] = error
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
     outputs, binary = _requested_outputs(doc.get("outputs"))
     request = InferenceRequest(model_name=model_name, model_version=model_version, id=request_id,
                                inputs=inputs, outputs=outputs, parameters=parameters,
                                protocol="http")
-    request.uses_shm = _uses_shm(request)
+    if data_errors:  # raised in Triton's core order, with the request's tag
+        request.data_errors = validation.tagged(request, data_errors)
+    else:
+        request.uses_shm = _uses_shm(request)
     return request, OutputFormat(default_binary, binary)
 
 

@@ -239,6 +239,14 @@ def check_io(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequence[An
                 raise InvalidArgumentError(
                     f"unexpected {kind} '{tensor.name}' in the configuration of model "
                     f"'{config.name}': the ONNX model's {kind}s are {sorted(by_name)}")
+            if not arg.shape:  # rank 0: Triton's onnxruntime backend lets only 1s stand for it
+                dims = list(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims)
+                if any(d != 1 for d in dims):
+                    raise InvalidArgumentError(
+                        f"unable to load model '{config.name}', scalar tensor '{tensor.name}', "
+                        "should only provide 1 in the model configuration when the model doesn't "
+                        "support batching. Model configuration provided: "
+                        f"[{','.join(str(d) for d in dims)}].")
             want = types.triton_datatype(arg.type, f"model {kind} '{tensor.name}'")
             if _datatype(tensor.data_type) != want:
                 raise InvalidArgumentError(

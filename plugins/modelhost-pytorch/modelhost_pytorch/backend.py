@@ -181,18 +181,19 @@ class PyTorchInstance(Instance):
     def _outputs(self, result: Any) -> dict[str, tuple[str, np.ndarray]]:
         items = [result] if isinstance(result, torch.Tensor) else list(result)
         outputs = {}
+        for name, position in self.output_order:  # every index first, as Triton checks them
+            if position >= len(items):  # Triton's libtorch backend's text and code
+                raise InvalidArgumentError(
+                    f"The output {name} in the model configuration refers to an output index "
+                    f"which doesn't exist. This model has {len(items)} outputs")
         for name, position in self.output_order:
-            if position >= len(items):
-                raise InternalError(
-                    f"model '{self.model.spec.name}' returned {len(items)} outputs, output "
-                    f"'{name}' is number {position}")
             tensor = items[position]
             datatype, array = tensors.to_numpy(tensor)
             want = self.model.output_types[name]
-            if datatype != want:
-                raise InternalError(
-                    f"output '{name}' of model '{self.model.spec.name}' is {datatype}, the "
-                    f"configuration says {want}")
+            if datatype != want:  # Triton's libtorch backend's text and code
+                raise InvalidArgumentError(
+                    f"configuration expects datatype TYPE_{want} for output '{name}', model "
+                    f"provides TYPE_{datatype}")
             outputs[name] = (datatype, array)
         return outputs
 
