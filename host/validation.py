@@ -117,8 +117,8 @@ class RequestRules:
 
     def _batch_size(self, request: InferenceRequest, names: list[str], tag: str) -> int:
         """The request's batch size: the first dimension every input shares (a batching model)."""
-        if self.max_batch_size <= 0:
-            return 1
+        if self.max_batch_size <= 0 or not names:
+            return 1  # a request without inputs (text through parameters, host.inflight): one row
         batch = 0
         for name in names:
             shape = request.inputs[name].shape

@@ -137,7 +137,8 @@ def test_statistics(client):
     one = client.simulate_get("/v2/models/simple/stats").json["model_stats"]
     assert [(s["name"], s["version"]) for s in one] == [("simple", "1")]
     assert client.simulate_get("/v2/models/simple/versions/1/stats").json["model_stats"][0]["name"] == "simple"
-    assert _error(client.simulate_get("/v2/models/nope/stats"), 404)
+    # Triton's answer (L0_server_status): 400 "requested model 'nope' is not available"
+    assert _error(client.simulate_get("/v2/models/nope/stats"), 400) == "requested model 'nope' is not available"
 
 
 def test_no_route_and_wrong_method(client):
