@@ -60,26 +60,24 @@ class RequestRules:
         inputs = request.inputs
         if len(inputs) > len(self.inputs) or len(inputs) < len(self.required):
             raise self._count_error(request)
-        names = list(reversed(inputs))
-        for name in names:
+        for name in reversed(inputs):  # Triton's order (see above); no list on the request path
             if name not in self.inputs:
                 raise InvalidArgumentError(
                     f"unexpected inference input '{name}' for model '{self.model}'")
         if len(inputs) < len(self.inputs) and any(n not in inputs for n in self.required):
             raise self._count_error(request)  # an optional input given in place of a required one
-        tag = request_tag(request)
-        batch = self._batch_size(request, names, tag)
+        batch = self._batch_size(request)
         data_errors = request.data_errors or {}
-        for name in names:
+        for name in reversed(inputs):
             tensor, rule = inputs[name], self.inputs[name]
             if tensor.datatype != rule.datatype:
                 raise InvalidArgumentError(
-                    f"{tag}inference input '{name}' data-type is '{tensor.datatype}', but model "
+                    f"{request_tag(request)}inference input '{name}' data-type is '{tensor.datatype}', but model "
                     f"'{self.model}' expects '{rule.datatype}'")
             if not _matches(rule.dims, tensor.shape[1:] if self.max_batch_size > 0 else tensor.shape):
                 full = ([-1] if self.max_batch_size > 0 else []) + list(rule.dims)
                 raise InvalidArgumentError(
-                    f"{tag}unexpected shape for input '{name}' for model '{self.model}'. Expected "
+                    f"{request_tag(request)}unexpected shape for input '{name}' for model '{self.model}'. Expected "
                     f"{_shape(full)}, got {_shape(tensor.shape)}. "
                     + (_IMPLICIT_BATCH_NOTE if self.max_batch_size > 0 else ""))
             error = data_errors.get(name)
@@ -115,25 +113,26 @@ class RequestRules:
             f"'{self.model}'. Got input(s) {got}, but missing required input(s) {missing}. "
             "Please provide all required input(s).")
 
-    def _batch_size(self, request: InferenceRequest, names: list[str], tag: str) -> int:
+    def _batch_size(self, request: InferenceRequest) -> int:
         """The request's batch size: the first dimension every input shares (a batching model)."""
-        if self.max_batch_size <= 0 or not names:
+        inputs = request.inputs
+        if self.max_batch_size <= 0 or not inputs:
             return 1  # a request without inputs (text through parameters, host.inflight): one row
         batch = 0
-        for name in names:
-            shape = request.inputs[name].shape
+        for name in reversed(inputs):
+            shape = inputs[name].shape
             if not shape:
                 raise InvalidArgumentError(
-                    f"{tag}input '{name}' has no shape but model requires batch dimension for "
+                    f"{request_tag(request)}input '{name}' has no shape but model requires batch dimension for "
                     f"'{self.model}'")
             if batch == 0:
                 batch = shape[0]
             elif shape[0] != batch:
                 raise InvalidArgumentError(
-                    f"{tag}input '{name}' batch size does not match other inputs for '{self.model}'")
+                    f"{request_tag(request)}input '{name}' batch size does not match other inputs for '{self.model}'")
         if batch < 1 or batch > self.max_batch_size:
             raise InvalidArgumentError(
-                f"{tag}inference request batch-size must be <= {self.max_batch_size} for "
+                f"{request_tag(request)}inference request batch-size must be <= {self.max_batch_size} for "
                 f"'{self.model}'")
         return batch
 
