@@ -70,13 +70,9 @@ static PyObject* py_strategy_load(PyObject* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "Os", &capsule, &path)) return NULL;
   TRITONBACKEND_Model* m = PyCapsule_GetPointer(capsule, MODEL_CAPSULE);
   if (m == NULL) return NULL;
-  void* dl;
-  Py_BEGIN_ALLOW_THREADS dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  Py_END_ALLOW_THREADS if (dl == NULL) {
-    const char* why = dlerror();
-    return raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND, "unable to load shared library: %s",
-                                why ? why : path));
-  }
+  void* dl = NULL;
+  TRITONSERVER_Error* err = mh_dlopen(path, "shared", &dl);
+  if (err != NULL) return raise_error(err);
   mh_strategy* s = calloc(1, sizeof(*s));
   s->dl = dl;
   s->incl = (mh_batch_incl_fn)dlsym(dl, "TRITONBACKEND_ModelBatchIncludeRequest");
@@ -100,7 +96,6 @@ static PyObject* py_strategy_load(PyObject* self, PyObject* args) {
   s->instance.model = m;
   s->instance.name = mh_strdup("batcher");
   s->instance.kind = TRITONSERVER_INSTANCEGROUPKIND_CPU;
-  TRITONSERVER_Error* err;
   Py_BEGIN_ALLOW_THREADS err = s->batcher_init(&s->batcher, m);
   Py_END_ALLOW_THREADS if (err != NULL) {
     strategy_close(s);

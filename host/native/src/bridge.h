@@ -39,6 +39,9 @@ TRITONSERVER_Error* mh_error(TRITONSERVER_Error_Code code, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The error every function without a host equivalent returns. */
 TRITONSERVER_Error* mh_unsupported(const char* function);
+/* dlopen(path) with the GIL released (a library's constructors may take long); NULL and *dl set,
+ * or NOT_FOUND "unable to load <what> library: <dlerror>" (module.c). */
+TRITONSERVER_Error* mh_dlopen(const char* path, const char* what, void** dl);
 
 struct TRITONSERVER_Message {
   char* json;

@@ -142,13 +142,9 @@ static PyObject* py_cache_load(PyObject* self, PyObject* args) {
   (void)self;
   const char *path, *config;
   if (!PyArg_ParseTuple(args, "ss", &path, &config)) return NULL;
-  void* dl;
-  Py_BEGIN_ALLOW_THREADS dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  Py_END_ALLOW_THREADS if (dl == NULL) {
-    const char* why = dlerror();
-    return cache_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND, "unable to load cache library: %s",
-                                why ? why : path));
-  }
+  void* dl = NULL;
+  TRITONSERVER_Error* err = mh_dlopen(path, "cache", &dl);
+  if (err != NULL) return cache_error(err);
   const char* names[] = {"TRITONCACHE_CacheInitialize", "TRITONCACHE_CacheFinalize",
                          "TRITONCACHE_CacheLookup", "TRITONCACHE_CacheInsert"};
   void* fns[4];
@@ -165,7 +161,6 @@ static PyObject* py_cache_load(PyObject* self, PyObject* args) {
   c->finalize = (mh_cache_fini_fn)fns[1];
   c->lookup = (mh_cache_op_fn)fns[2];
   c->insert = (mh_cache_op_fn)fns[3];
-  TRITONSERVER_Error* err;
   Py_BEGIN_ALLOW_THREADS err = ((mh_cache_init_fn)fns[0])(&c->cache, config);
   Py_END_ALLOW_THREADS if (err != NULL) {
     dlclose(dl);

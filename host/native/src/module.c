@@ -112,17 +112,25 @@ static void* from_capsule(PyObject* capsule, const char* name) {
 
 /* --- backends ----------------------------------------------------------------------------------------- */
 
+TRITONSERVER_Error* mh_dlopen(const char* path, const char* what, void** dl) {
+  void* handle;
+  Py_BEGIN_ALLOW_THREADS handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  Py_END_ALLOW_THREADS if (handle == NULL) {
+    const char* why = dlerror();
+    return mh_error(TRITONSERVER_ERROR_NOT_FOUND, "unable to load %s library: %s", what,
+                    why ? why : path);
+  }
+  *dl = handle;
+  return NULL;
+}
+
 static PyObject* py_backend_load(PyObject* self, PyObject* args) {
   (void)self;
   const char *path, *name, *location, *config;
   if (!PyArg_ParseTuple(args, "ssss", &path, &name, &location, &config)) return NULL;
-  void* dl;
-  Py_BEGIN_ALLOW_THREADS dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  Py_END_ALLOW_THREADS if (dl == NULL) {
-    const char* why = dlerror();
-    return raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND, "unable to load backend library: %s",
-                                why ? why : path));
-  }
+  void* dl = NULL;
+  TRITONSERVER_Error* err = mh_dlopen(path, "backend", &dl);
+  if (err != NULL) return raise_error(err);
   mh_execute_fn execute = (mh_execute_fn)dlsym(dl, "TRITONBACKEND_ModelInstanceExecute");
   if (execute == NULL) {
     dlclose(dl);
