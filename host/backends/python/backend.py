@@ -679,7 +679,7 @@ class PythonInstance(Instance):
             if asyncio.iscoroutine(result):
                 result = self._run_coroutine(result)
         except Exception as exc:  # noqa: BLE001 - the model's failure means "not ready"
-            return False, _exception_text(exc)
+            return False, _exception_text(exc, self.ctx.model_dir)
         finally:
             pb_utils._ACTIVE.reset(token)
         if not isinstance(result, bool):

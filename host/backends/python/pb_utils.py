@@ -551,11 +551,11 @@ class InferenceRequest:
                     f"Requested output name for request with id '{request_id}' and model name "
                     f"'{model_name}' should not be empty.")
         self._preferred_memory = preferred_memory or PreferredMemory()
-        self._request_id = _std_string(request_id)
+        self._request_id = request_id
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
         self._requested_output_names = [_std_string(n) for n in requested_output_names]
-        self._model_name = _std_string(model_name)
+        self._model_name = model_name
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
