@@ -213,8 +213,13 @@ def _serve_parser(sub) -> None:
     p.add_argument("--metrics-address", default="0.0.0.0",
                    help="address the Prometheus metrics server listens on")
     p.add_argument("--metrics-port", type=int, default=8002, help="port of the metrics server")
-    _flag(p, "--allow-http", "accepted for compatibility: HTTP is always served", default=True)
-    _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
+    # Triton: a container that Vertex AI runs (AIP_MODE=PREDICTION) serves Vertex AI only,
+    # unless these say otherwise.
+    vertex_only = cli_triton.vertex_prediction_mode()
+    _flag(p, "--allow-http", "serve the KServe V2 HTTP API (default true; false under "
+          "AIP_MODE=PREDICTION, see --allow-vertex-ai)", default=not vertex_only)
+    _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService) (default true; false under "
+          "AIP_MODE=PREDICTION)", default=not vertex_only)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
     _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
           "for tensors", default=False)

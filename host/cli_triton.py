@@ -140,28 +140,57 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
-    # Triton's cloud front ends. modelhost has neither; `false` (Triton's default) is accepted so
-    # that scripts which spell it out run, `true` is refused with the reason (see `options`).
-    for cloud, name in (("sagemaker", "SageMaker"), ("vertex-ai", "Vertex AI")):
-        flag(p, f"--allow-{cloud}", f"must stay false: modelhost has no {name} front end")
-        p.add_argument(f"--{cloud}-port", type=int, default=None, metavar="PORT",
-                       help=f"{NO_EFFECT} there is no {name} front end")
-        p.add_argument(f"--{cloud}-thread-count", type=int, default=None, metavar="N",
-                       help=f"{NO_EFFECT} there is no {name} front end")
-    p.add_argument("--sagemaker-safe-port-range", default=None, metavar="MIN-MAX",
-                   help=f"{NO_EFFECT} there is no SageMaker front end")
-    p.add_argument("--vertex-ai-default-model", default=None, metavar="MODEL",
-                   help=f"{NO_EFFECT} there is no Vertex AI front end")
+    # Triton's cloud front ends (host.http.cloud, docs/deploy.md).
+    flag(p, "--allow-sagemaker", "serve SageMaker's inference container API (/ping, "
+         "/invocations, /models) on --sagemaker-port", default=False)
+    p.add_argument("--sagemaker-port", type=int, default=8080, metavar="PORT",
+                   help="port of the SageMaker front end")
+    p.add_argument("--sagemaker-safe-port-range", type=_port_range, default=None, metavar="MIN-MAX",
+                   help="with --allow-sagemaker: every other endpoint's port must lie in this range")
+    p.add_argument("--sagemaker-thread-count", type=int, default=8, metavar="N",
+                   help=f"{NO_EFFECT} each connection is served by its own thread")
+    flag(p, "--allow-vertex-ai", "serve Vertex AI's prediction container API on --vertex-ai-port "
+         "(default: true when AIP_MODE=PREDICTION, which also turns HTTP and gRPC off unless "
+         "they are asked for)", default=None)
+    p.add_argument("--vertex-ai-port", type=int, default=None, metavar="PORT",
+                   help="port of the Vertex AI front end (default: AIP_HTTP_PORT, else 8080)")
+    p.add_argument("--vertex-ai-thread-count", type=int, default=8, metavar="N",
+                   help=f"{NO_EFFECT} each connection is served by its own thread")
+    p.add_argument("--vertex-ai-default-model", default="", metavar="MODEL",
+                   help="the model the Vertex AI predict route serves (default: the "
+                        "repository's only model)")
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, dash, high = text.partition("-")
+    try:
+        if not dash:
+            raise ValueError
+        return int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected <min>-<max>, got '{text}'") from None
+
+
+def vertex_prediction_mode() -> bool:
+    """AIP_MODE=PREDICTION: Vertex AI runs the container (Triton then serves Vertex AI, and HTTP
+    and gRPC only when asked)."""
+    import os
+
+    return os.environ.get("AIP_MODE", "") == "PREDICTION"
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """The ServerOptions fields of these flags; refuses what cannot be honoured."""
-    for allowed, name in ((args.allow_sagemaker, "SageMaker"), (args.allow_vertex_ai, "Vertex AI")):
-        if allowed:
-            raise SystemExit(
-                f"modelhost: there is no {name} front end (Triton's --allow-"
-                f"{'sagemaker' if name == 'SageMaker' else 'vertex-ai'}); serve the KServe V2 "
-                "HTTP and gRPC endpoints behind the platform's own adapter, or leave the flag out.")
+    import os
+
+    vertex_port = args.vertex_ai_port
+    if vertex_port is None:
+        try:
+            vertex_port = int(os.environ.get("AIP_HTTP_PORT", "8080"))
+        except ValueError:
+            raise SystemExit("modelhost: AIP_HTTP_PORT must be a port number, got "
+                             f"'{os.environ.get('AIP_HTTP_PORT')}'") from None
+    allow_vertex = args.allow_vertex_ai if args.allow_vertex_ai is not None else vertex_prediction_mode()
     if args.model_namespacing:
         raise SystemExit(
             "modelhost: --model-namespacing=true is not supported: a model name is unique across "
@@ -197,4 +226,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "min_supported_compute_capability": args.min_supported_compute_capability,
         "grpc_infer_thread_count": args.grpc_infer_thread_count,
         "grpc_infer_allocation_pool_size": args.grpc_infer_allocation_pool_size,
+        "allow_sagemaker": bool(args.allow_sagemaker),
+        "sagemaker_port": args.sagemaker_port,
+        "sagemaker_safe_port_range": args.sagemaker_safe_port_range,
+        "allow_vertex_ai": bool(allow_vertex),
+        "vertex_ai_port": vertex_port,
+        "vertex_ai_default_model": args.vertex_ai_default_model or "",
     }

@@ -305,6 +305,26 @@ class Host:
             else:
                 self.journal.model_loaded(name, config)
 
+    def load_model_from(self, name: str, root: str, folder: str) -> None:
+        """Load model `name` from `root/folder`, serving `root`'s other models too (an ensemble's
+        steps): SageMaker's multi-model endpoint. `root` stays registered until
+        `unload_model_from`; a failed load unregisters it again."""
+        self.manager.check_control_allowed()
+        self.manager.register_repository(Path(root), {folder: name})
+        try:
+            self.load_model(name)
+        except BaseException:
+            self.manager.unregister_repository(Path(root))
+            raise
+
+    def unload_model_from(self, name: str, root: str) -> None:
+        """Undo `load_model_from`: unload `name` and what it loaded, forget `root`."""
+        self.manager.check_control_allowed()
+        try:
+            self.unload_model(name, unload_dependents=True)
+        finally:
+            self.manager.unregister_repository(Path(root))
+
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.check_control_allowed()
         self.manager.unload(name, unload_dependents)

@@ -23,8 +23,8 @@ from host.backends_pool import BackendPool
 from host.ensemble import EnsembleVersion
 from host.ensemble.control import Dependencies, composing_of
 from host.ensemble.scheduler import StepRunner
-from host.errors import (HostError, InternalError, InvalidArgumentError, NotFoundError, UnavailableError,
-                         poll_failure, state_reason)
+from host.errors import (AlreadyExistsError, HostError, InternalError, InvalidArgumentError,
+                         NotFoundError, UnavailableError, poll_failure, state_reason)
 from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
@@ -90,6 +90,9 @@ class ModelManager:
                  ensembles: StepRunner | None = None, unload_wait: float = 30.0,
                  load_retries: int = 0) -> None:
         self.roots = [Path(r) for r in roots]
+        # Repositories registered while serving (SageMaker's multi-model endpoint), each with
+        # its subfolder -> model name mapping (Triton's RegisterModelRepository).
+        self.mappings: dict[Path, dict[str, str]] = {}
         self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
         self.load_retries = max(0, load_retries)  # --model-load-retry-count
         self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
@@ -215,7 +218,7 @@ class ModelManager:
 
     def _refresh_locations(self) -> dict[str, str]:
         """Learn models added to the repository (the index lists them even when not loaded)."""
-        locations, errors = repository.scan(self.roots)
+        locations, errors = repository.scan(self.roots, self.mappings)
         self._duplicated = errors
         for name, loc in locations.items():
             entry = self._models.get(name)
@@ -226,6 +229,33 @@ class ModelManager:
             if entry.override_dir is None:  # a model loaded from override files stays there
                 entry.location = loc
         return errors
+
+    # --- registered repositories -----------------------------------------------------------------
+    def register_repository(self, root: Path, mapping: dict[str, str]) -> None:
+        """Serve the models of `root` too, subfolders named in `mapping` under the mapped name
+        (Triton's TRITONSERVER_ServerRegisterModelRepository and its texts)."""
+        root = Path(root)
+        with self._locked():
+            if root in self.roots:
+                raise AlreadyExistsError(f"model repository '{root}' has already been registered")
+            for other in self.mappings.values():
+                for name in mapping.values():
+                    if name in other.values():
+                        raise AlreadyExistsError(f"failed to register '{root}', there is a "
+                                                 f"conflicting mapping for '{name}'")
+            self.roots.append(root)
+            self.mappings[root] = dict(mapping)
+
+    def unregister_repository(self, root: Path) -> None:
+        root = Path(root)
+        with self._locked():
+            if root not in self.roots:
+                raise InvalidArgumentError(f"failed to unregister '{root}', repository not found")
+            self.roots.remove(root)
+            self.mappings.pop(root, None)
+            for entry in self._models.values():
+                if entry.location is not None and entry.location.root == root:
+                    entry.location = None  # as a model whose folder was removed
 
     # --- control -------------------------------------------------------------------------------
     def check_control_allowed(self) -> None:
@@ -408,8 +438,8 @@ class ModelManager:
                     f"failed to open text file for read "
                     f"{entry.location.path / config_mod.CONFIG_FILENAME}: No such file or directory")
             cfg = found or model_config_pb2.ModelConfig()
-        if not cfg.name:
-            cfg.name = entry.name
+        if not cfg.name or entry.location.path.name != entry.name:
+            cfg.name = entry.name  # a mapped folder (register_repository) takes its mapped name
         # Triton completes the backend fields (from the first version folder's files) and
         # validates the configuration when it polls, before it looks for versions or loads a
         # backend; inputs and outputs wait for the backend's auto-complete unless it is off.
@@ -645,7 +675,7 @@ class ModelManager:
     def poll(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
         with self._locked():
-            locations, duplicated = repository.scan(self.roots)
+            locations, duplicated = repository.scan(self.roots, self.mappings)
             self._duplicated = duplicated
             for name, error in duplicated.items():  # as Triton: served from neither repository
                 log.error("Poll failed for model directory '%s': %s", name, error)

@@ -34,7 +34,7 @@ class ServerOptions:
     grpc_compression_level: str = "none"  # none | low | medium | high (responses)
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
-    allow_http: bool = True
+    allow_http: bool = True  # false: no KServe V2 HTTP port (a cloud front end may still serve)
     allow_grpc: bool = True
     allow_metrics: bool = True
     allow_client_shm: bool = False  # register/unregister client shared memory (off: refused)
@@ -86,6 +86,16 @@ class ServerOptions:
     cuda_virtual_address_size: dict[int, int] = field(default_factory=dict)
     # --min-supported-compute-capability: GPUs below it are not used (host.devices)
     min_supported_compute_capability: float = 6.0
+    # Triton's cloud front ends (host.http.cloud), each on a port of its own; their address is
+    # Triton's fixed 0.0.0.0.
+    allow_sagemaker: bool = False
+    sagemaker_address: str = "0.0.0.0"
+    sagemaker_port: int = 8080
+    sagemaker_safe_port_range: tuple[int, int] | None = None  # other endpoints' ports must be in it
+    allow_vertex_ai: bool = False
+    vertex_ai_address: str = "0.0.0.0"
+    vertex_ai_port: int = 8080
+    vertex_ai_default_model: str = ""  # "" : the repository's only model
     # gRPC front-end sizes: accepted for compatibility (the range is checked as Triton checks it)
     grpc_infer_thread_count: int = 2
     grpc_infer_allocation_pool_size: int = 8

@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from host.config.platforms import infer_backend  # noqa: F401 - the repository's API
 from host.config.versions import select_versions  # noqa: F401 - the repository's API
@@ -25,14 +25,18 @@ class ModelLocation:
     path: Path  # root / name
 
 
-def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str]]:
+def scan(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None
+         ) -> tuple[dict[str, ModelLocation], dict[str, str]]:
     """Every model folder under `roots`; a name found in two roots is an error for that model.
+    `mappings`: for a root registered with a mapping (Triton's RegisterModelRepository, used by
+    SageMaker's multi-model endpoint), subfolder name -> the name its model is served under.
 
     Returns (locations, errors by model name).
     """
     found: dict[str, ModelLocation] = {}
     errors: dict[str, str] = {}
     for root in roots:
+        mapping = mappings.get(Path(root), {}) if mappings else {}
         try:
             entries = sorted(os.scandir(root), key=lambda e: e.name)
         except OSError as exc:
@@ -40,11 +44,12 @@ def scan(roots: Sequence[Path]) -> tuple[dict[str, ModelLocation], dict[str, str
         for entry in entries:
             if not entry.is_dir() or entry.name.startswith("."):
                 continue
-            if entry.name in found:
-                errors[entry.name] = (f"model '{entry.name}' exists in multiple model repositories: "
-                                      f"'{found[entry.name].root}' and '{root}'")
+            name = mapping.get(entry.name, entry.name)
+            if name in found:
+                errors[name] = (f"model '{name}' exists in multiple model repositories: "
+                                f"'{found[name].root}' and '{root}'")
                 continue
-            found[entry.name] = ModelLocation(entry.name, Path(root), Path(entry.path))
+            found[name] = ModelLocation(name, Path(root), Path(entry.path))
     return found, errors
 
 

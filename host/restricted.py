@@ -67,13 +67,17 @@ class Restrictions:
         `headers` is the WSGI environ (HTTP_<NAME> keys)."""
         for pattern, category in _HTTP:
             if pattern.match(path):
-                rule = self.rules.get(category)
-                if rule is None:
-                    return None
-                key, value = rule
-                if headers.get("HTTP_" + key.upper().replace("-", "_")) != value:
-                    return f"This API is restricted, expecting header '{key}'"
-                return None
+                return self.category_denial(category, headers)
+        return None
+
+    def category_denial(self, category: str, headers: Mapping[str, str]) -> str | None:
+        """As `http_denial`, for a route whose category is known (the cloud front ends')."""
+        rule = self.rules.get(category)
+        if rule is None:
+            return None
+        key, value = rule
+        if headers.get("HTTP_" + key.upper().replace("-", "_")) != value:
+            return f"This API is restricted, expecting header '{key}'"
         return None
 
     def grpc_denial(self, method: str, metadata: Iterable[tuple[str, object]]) -> str | None:

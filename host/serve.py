@@ -86,6 +86,7 @@ class ServerApplication(BaseApplication):
         self.host: Any = None
         self.grpc: Any = None
         self.metrics: Any = None
+        self.cloud: list[tuple[str, Any]] = []  # the SageMaker and Vertex AI servers (host.http.cloud)
         # Made here, in the master, before the fork: no crash loops, and a crashed worker comes
         # back with its models and shared-memory registrations (host.supervise).
         self.supervisor = Supervisor()
@@ -98,7 +99,8 @@ class ServerApplication(BaseApplication):
     def load_config(self) -> None:
         o = self.options
         settings = {
-            "bind": [f"{_bracket(o.http_address)}:{o.http_port}"],
+            # --allow-http=false: an unannounced loopback port (gunicorn needs one to serve).
+            "bind": [f"{_bracket(o.http_address)}:{o.http_port}" if o.allow_http else "127.0.0.1:0"],
             # One worker holds the models; with --frontend-processes N, N workers are front ends
             # of the engine process that holds them (host.frontend).
             "workers": o.frontend_processes if self.engine is not None else 1,
@@ -155,9 +157,14 @@ class ServerApplication(BaseApplication):
                          restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
             self._start_grpc(share_port=False)
-            log.info("started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
+            log.info("Started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         self.metrics = startup.start_metrics(self.host, o)
-        startup.log_summary(self.host, startup.listening_rows(o, self.grpc, self.metrics))
+        self.cloud = startup.start_cloud_front_ends(app, o, self.metrics)
+        if o.allow_http:
+            log.info("Started HTTPService at %s:%d", o.http_address, o.http_port)  # Triton's line
+        else:  # gunicorn's listener stays, on a loopback port nobody is told of, answering 404
+            app = _http_disabled
+        startup.log_summary(self.host, startup.listening_rows(o, self.grpc, self.metrics, self.cloud))
         if o.log_verbose:
             app = logs.RequestLog(app)
         startup.settle()
@@ -217,7 +224,13 @@ class ServerApplication(BaseApplication):
             self.engine.stop(self.options.exit_timeout_secs + 10)
         self.supervisor.on_exit(server)
 
+    def _stop_cloud(self) -> None:
+        for _, server in self.cloud:
+            server.shutdown(self.options.exit_timeout_secs)
+        self.cloud = []
+
     def _release_after_failure(self) -> None:
+        self._stop_cloud()
         for part in (self.grpc, self.metrics):
             if part is not None:
                 part.stop(0) if part is self.grpc else part.stop()
@@ -252,6 +265,7 @@ class ServerApplication(BaseApplication):
         # The HTTP connections are drained by now; let gRPC calls in flight finish too.
         if self.grpc is not None:
             self.grpc.stop(grace=self.options.exit_timeout_secs)
+        self._stop_cloud()
         if self.metrics is not None:
             self.metrics.stop()
         if self.host is not None:
@@ -260,6 +274,14 @@ class ServerApplication(BaseApplication):
 
     def run(self) -> None:
         _GracefulArbiter(self).run()
+
+
+def _http_disabled(env: dict, start_response: Any) -> list[bytes]:
+    """The WSGI app of --allow-http=false: gunicorn needs a listener, which then serves nothing."""
+    data = b'{"error":"HTTP service is disabled"}'
+    start_response("404 Not Found", [("Content-Type", "application/json"),
+                                     ("Content-Length", str(len(data)))])
+    return [data]
 
 
 def _nothing(server: Any, worker: Any) -> None:

@@ -34,12 +34,15 @@ class StartupError(Exception):
 
 # (name in messages, address field, port field, flag, enabled field or None)
 # Each endpoint's name in Triton's "failed to start <name> service" line.
-TRITON_SERVICE_NAMES = {"HTTP": "HTTP", "gRPC": "GRPC", "metrics": "Metrics"}
+TRITON_SERVICE_NAMES = {"HTTP": "HTTP", "gRPC": "GRPC", "metrics": "Metrics",
+                        "SageMaker": "Sagemaker", "Vertex AI": "Vertex AI"}
 
 ENDPOINTS = (
     ("HTTP", "http_address", "http_port", "--http-port", "allow_http"),
     ("gRPC", "grpc_address", "grpc_port", "--grpc-port", "allow_grpc"),
     ("metrics", "metrics_address", "metrics_port", "--metrics-port", "allow_metrics"),
+    ("SageMaker", "sagemaker_address", "sagemaker_port", "--sagemaker-port", "allow_sagemaker"),
+    ("Vertex AI", "vertex_ai_address", "vertex_ai_port", "--vertex-ai-port", "allow_vertex_ai"),
 )
 
 
@@ -63,6 +66,17 @@ def preflight(options: ServerOptions) -> None:
     if options.frontend_processes > 1 and options.allow_grpc and options.grpc_port == 0:
         raise StartupError("--grpc-port 0 (any free port) cannot be shared by several front-end "
                            "processes: give a port with --grpc-port, or use --frontend-processes 1")
+    if options.frontend_processes > 1 and (options.allow_sagemaker or options.allow_vertex_ai):
+        raise StartupError("--allow-sagemaker and --allow-vertex-ai need one process: leave "
+                           "--frontend-processes out")
+    safe = options.sagemaker_safe_port_range if options.allow_sagemaker else None
+    if safe is not None:  # Triton's CheckPortCollision text
+        for name, address, port, _ in endpoints(options):
+            if name != "SageMaker" and address == options.sagemaker_address and \
+                    not safe[0] <= port <= safe[1]:
+                raise StartupError(f"The server cannot listen to {TRITON_SERVICE_NAMES[name]} "
+                                   f"requests at port {port}, allowed port range is "
+                                   f"[{safe[0]}, {safe[1]}]")
     seen: dict[int, str] = {}
     for name, address, port, flag in endpoints(options):
         if port in seen and port != 0:
@@ -190,12 +204,17 @@ def log_summary(host: Host, listening: list[tuple[str, str]]) -> None:
     log.info("\n%s", table(("Endpoint", "Address"), listening), extra={"raw": True})
 
 
-def listening_rows(options: ServerOptions, grpc: Any, metrics: Any) -> list[tuple[str, str]]:
-    rows = [("HTTP (KServe V2 / Triton REST)", f"{options.http_address}:{options.http_port}")]
+def listening_rows(options: ServerOptions, grpc: Any, metrics: Any,
+                   cloud: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, str]]:
+    rows = []
+    if options.allow_http:
+        rows.append(("HTTP (KServe V2 / Triton REST)", f"{options.http_address}:{options.http_port}"))
     if grpc is not None:
         rows.append(("gRPC (inference.GRPCInferenceService)", f"{options.grpc_address}:{grpc.port}"))
     if metrics is not None:
         rows.append(("metrics (Prometheus, /metrics)", f"{options.metrics_address}:{metrics.port}"))
+    for name, server in cloud:
+        rows.append((name, f"{server.address[0]}:{server.port}"))
     return rows
 
 
@@ -211,8 +230,87 @@ def start_metrics(host: Any, options: ServerOptions) -> Any:
     except OSError as exc:
         raise StartupError(port_error("metrics", options.metrics_address, options.metrics_port,
                                       "--metrics-port", exc)) from None
-    log.info("started metrics service at %s:%d", options.metrics_address, server.port)
+    log.info("Started Metrics Service at %s:%d", options.metrics_address, server.port)  # Triton's line
     return server
+
+
+def start_cloud_front_ends(app: Any, options: ServerOptions, metrics: Any) -> list[tuple[str, Any]]:
+    """The SageMaker and Vertex AI front ends asked for (host.http.cloud), each an HTTP server
+    on its own port over the main app `app`; StartupError with Triton's line when one cannot
+    start."""
+    import os
+
+    from host.http import cloud
+    from host.http.server import serve as serve_http
+
+    servers: list[Any] = []
+    wanted = []
+    if options.allow_sagemaker:
+        try:
+            cloud.check_inference_type(os.environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", "infer"))
+        except HostError as exc:
+            raise StartupError(f"failed to start Sagemaker service: {_triton_error(exc)}") from None
+        wanted.append(("SageMaker", "Sagemaker HTTPService", options.sagemaker_address,
+                       options.sagemaker_port, "--sagemaker-port",
+                       cloud.SageMakerApp(app, options.http_max_input_size)))
+    if options.allow_vertex_ai:
+        try:
+            vertex = _vertex_app(app, options, metrics)
+        except HostError as exc:
+            raise StartupError(f"failed to start Vertex AI service: {_triton_error(exc)}") from None
+        wanted.append(("Vertex AI", "Vertex AI HTTPService", options.vertex_ai_address,
+                       options.vertex_ai_port, "--vertex-ai-port", vertex))
+    try:
+        for name, service, address, port, flag, wsgi in wanted:
+            try:
+                server = serve_http(wsgi, address, port)
+            except OSError as exc:
+                raise StartupError(port_error(name, address, port, flag, exc)) from None
+            servers.append((f"{name} (cloud front end)", server))
+            log.info("Started %s at %s:%d", service, address, server.port)  # Triton's line
+    except BaseException:
+        for _, server in servers:
+            server.shutdown(0)
+        raise
+    return servers
+
+
+def _triton_error(exc: HostError) -> str:
+    """As Triton's LOG_TRITONSERVER_ERROR words an error: "<code name> - <message>"."""
+    from host.errors import TRITON_CODE_NAMES
+
+    return f"{TRITON_CODE_NAMES.get(exc.code, 'Unknown')} - {exc.message}"
+
+
+def _vertex_app(app: Any, options: ServerOptions, metrics: Any) -> Any:
+    """The Vertex AI app: its routes from the environment, its default model checked against
+    the models that are ready (Triton's VertexAiAPIServer::Create and texts)."""
+    import os
+
+    from host.errors import InvalidArgumentError
+    from host.http import cloud
+
+    predict, health = os.environ.get("AIP_PREDICT_ROUTE", ""), os.environ.get("AIP_HEALTH_ROUTE", "")
+    if not predict:
+        raise InvalidArgumentError("API_PREDICT_ROUTE is not defined for Vertex AI endpoint")
+    if not health:
+        raise InvalidArgumentError("AIP_HEALTH_ROUTE is not defined for Vertex AI endpoint")
+    host = app.infer.host
+    ready = [row["name"] for row in host.repository_index(ready_only=True)]
+    model = options.vertex_ai_default_model
+    if not model:
+        if len(ready) != 1:
+            raise InvalidArgumentError("Expect the model repository contains only a single model "
+                                       "if default model is not specified")
+        model = ready[0]
+    elif model not in ready:
+        raise InvalidArgumentError(f"Expect the default model '{model}' is loaded")
+    metrics_app = None
+    if metrics is not None:
+        from host.metrics import make_wsgi_app
+
+        metrics_app = make_wsgi_app(metrics.registry)
+    return cloud.VertexAIApp(app, options.http_max_input_size, predict, health, model, metrics_app)
 
 
 def settle() -> None:
