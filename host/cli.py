@@ -22,6 +22,17 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def _int_bool(text: str) -> int:
+    """A level that may be spelled true or false (Triton's ParseIntBoolOption: --log-verbose)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return int(lowered == "true")
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+
+
 def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:
     """A Triton-style boolean: `--name`, `--name=true` or `--name=false`."""
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default, help=help,
@@ -223,7 +234,7 @@ def _serve_parser(sub) -> None:
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
     _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
           "for tensors", default=False)
-    p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
+    p.add_argument("--log-verbose", type=_int_bool, default=0, metavar="LEVEL",
                    help="1 or more: debug logs, with a line per HTTP request and gRPC call")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, metavar="SECS",

@@ -140,6 +140,8 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
+    p.add_argument("--buffer-manager-thread-count", type=int, default=0, metavar="N",
+                   help=f"{NO_EFFECT} tensors are not copied by a pool of threads here")
     # Triton's cloud front ends (host.http.cloud, docs/deploy.md).
     flag(p, "--allow-sagemaker", "serve SageMaker's inference container API (/ping, "
          "/invocations, /models) on --sagemaker-port", default=False)

@@ -393,3 +393,85 @@ def test_sagemaker_refuses_to_start(repo, tmp_path):
                             {}, tmp_path)
     assert code != 0 and "The server cannot listen to HTTP requests at port" in log
     assert "allowed port range is [1, 2]" in log
+
+
+# --- the SageMaker `serve` command ---------------------------------------------------------------
+
+def serve_command(env: dict[str, str], tmp_path: Path, name: str = "serve.log"
+                  ) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / name
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "host.sagemaker_serve"],
+                                env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, log
+
+
+def test_sagemaker_serve_command(tmp_path):
+    model_dir = tmp_path / "opt_ml_model"
+    write_model(model_dir, "only")
+    (port,) = _distinct_free_ports(1)
+    proc, log = serve_command({"MODELHOST_SAGEMAKER_MODEL_DIR": str(model_dir),
+                               "SAGEMAKER_BIND_TO_PORT": str(port)}, tmp_path)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/ping", proc, log)
+        body, _ = request_body()
+        status, _, content = call(f"http://127.0.0.1:{port}/invocations", "POST", body)
+        assert status == 200 and (outputs(content)[0] == DATA * 2).all()
+        text = log.read_text()
+        assert "WARNING: No SAGEMAKER_TRITON_DEFAULT_MODEL_NAME provided." in text
+        assert "Started Sagemaker HTTPService at" in text
+        assert "Started HTTPService at" not in text and "Started GRPCInferenceService" not in text
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+@pytest.mark.parametrize("layout,env,message", [
+    ("empty", {}, "ERROR: No model found in model repository"),
+    ("two", {}, "ERROR: More than 1 model directory found in model repository."),
+    ("two", {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "nope"},
+     "ERROR: Directory with provided SAGEMAKER_TRITON_DEFAULT_MODEL_NAME nope does not exist"),
+    ("flat", {}, "ERROR: Incorrect directory structure."),
+    ("two", {"SAGEMAKER_TRITON_INFERENCE_TYPE": "bogus"},
+     "ERROR: Invalid SAGEMAKER_TRITON_INFERENCE_TYPE 'bogus'"),
+])
+def test_sagemaker_serve_command_checks(tmp_path, layout, env, message):
+    model_dir = tmp_path / "opt_ml_model"
+    model_dir.mkdir()
+    if layout == "two":
+        write_model(model_dir, "a")
+        write_model(model_dir, "b")
+    elif layout == "flat":
+        (model_dir / "config.pbtxt").write_text(CONFIG.format(name="x"))
+    proc, log = serve_command({"MODELHOST_SAGEMAKER_MODEL_DIR": str(model_dir), **env}, tmp_path)
+    assert proc.wait(60) == 1
+    assert message in log.read_text()
+
+
+def test_sagemaker_chunk_limits(sagemaker):
+    """Triton's L0_sagemaker many-chunks case: at most 65,536 non-empty chunks in a body."""
+    import socket
+
+    port = int(sagemaker.sagemaker.rsplit(":", 1)[1])
+
+    def send(chunks: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"POST /models HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                      b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+            try:
+                s.sendall(b"1\r\nA\r\n" * chunks + b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            return data
+
+    at_limit = send(65536)
+    assert at_limit.startswith(b"HTTP/1.1 400 ")
+    assert b"failed to parse the request JSON buffer: Invalid value. at 0" in at_limit
+    over = send(65537)
+    assert over.startswith(b"HTTP/1.1 400 ")
+    assert b"Chunked request body exceeds maximum of 65536 non-empty chunks" in over
+    assert call(sagemaker.sagemaker + "/ping")[0] == 200

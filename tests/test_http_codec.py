@@ -593,3 +593,23 @@ def test_sse_framing():
     event = generate.sse_error("bad\nthing")
     assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n") == 2
     assert json.loads(event[6:]) == {"error": "bad\nthing"}
+
+
+# Triton 2.51's answers to these infer bodies (rapidjson's words and byte offsets), read from the
+# real server on 2026-11-27; the empty body is a raw request there, as here (test_http_app).
+@pytest.mark.parametrize("text,message", [
+    (b"AAAA", "Invalid value. at 0"),
+    (b"   ", "The document is empty. at 3"),
+    (b'{"a" 1}', "Missing a colon after a name of object member. at 5"),
+    (b'{"a":1 "b":2}', "Missing a comma or '}' after an object member. at 7"),
+    (b"[1 2]", "Missing a comma or ']' after an array element. at 3"),
+    (b"{1:2}", "Missing a name for object member. at 1"),
+    (b"{} x", "The document root must not be followed by other values. at 3"),
+    (b'"abc', "Missing a closing quotation mark in string. at 4"),
+    (b'"\\q"', "Invalid escape character in string. at 1"),
+    (b'{"a": [1, {"b": 2} 3]}', "Missing a comma or ']' after an array element. at 19"),
+])
+def test_json_syntax_errors_in_tritons_words(text, message):
+    with pytest.raises(InvalidArgumentError) as info:
+        codec.load_json(text)
+    assert info.value.message == f"failed to parse the request JSON buffer: {message}"

@@ -126,6 +126,8 @@ class Infer(_Resource):
         try:
             data = self.env_body(env)
             header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
+            if header_length is None and not data:
+                header_length = 0  # Triton: an empty body is a raw request with no data
             request, fmt = codec.decode_infer_request(data, header_length, model,
                                                       validation.parse_version(version))
             if self.forward is not None:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping
 import orjson
 
 from host.errors import Code, HostError, InvalidArgumentError, UnsupportedError
-from host.http import body
+from host.http import body, codec
 from host.http.app import JSON, OCTET_STREAM, FastInfer, _error_answer, _HEADER_LENGTH_KEY
 from host.http.status import error_body
 
@@ -436,10 +436,7 @@ class SageMakerApp(_CloudApp):
                          chunked, self.max_input_size)
         if not data:
             return {}
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+        doc = codec.load_json(data)
         if not isinstance(doc, dict):
             raise InvalidArgumentError("the request JSON must be an object")
         return doc

@@ -103,8 +103,52 @@ def load_json(buf: bytes | memoryview) -> Any:
         pass
     try:  # rapidjson's other spellings: Inf, -Inf, -NaN (outside strings only)
         return json.loads(_RAPIDJSON_WORDS.sub(_python_word, text))
+    except json.JSONDecodeError as exc:
+        message = rapidjson_error(exc)
     except ValueError:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}") from None
+        message = str(error)
+    raise InvalidArgumentError(f"failed to parse the request JSON buffer: {message}") from None
+
+
+# Python's json messages -> rapidjson's (GetParseError_En), which Triton's answers carry.
+_RAPIDJSON_TEXTS = (
+    ("Expecting property name enclosed in double quotes", "Missing a name for object member."),
+    ("Expecting ':' delimiter", "Missing a colon after a name of object member."),
+    ("Extra data", "The document root must not be followed by other values."),
+    ("Unterminated string", "Missing a closing quotation mark in string."),
+    ("Invalid \\uXXXX escape", "Incorrect hex digit after \\u escape in string."),
+    ("Invalid \\escape", "Invalid escape character in string."),
+)
+
+
+def rapidjson_error(exc: json.JSONDecodeError) -> str:
+    """A JSON syntax error in Triton's words: rapidjson's message and " at <offset>"."""
+    doc, pos = exc.doc, exc.pos
+    if exc.msg == "Expecting value":
+        text = "The document is empty." if not doc.strip() else "Invalid value."
+    elif exc.msg == "Expecting ',' delimiter":
+        text = "Missing a comma or '}' after an object member." if _innermost(doc, pos) == "{" \
+            else "Missing a comma or ']' after an array element."
+    else:
+        text = next((new for old, new in _RAPIDJSON_TEXTS if exc.msg.startswith(old)), "Invalid value.")
+        if exc.msg.startswith("Unterminated string"):
+            pos = len(doc)  # rapidjson stops at the end of the text
+    return f"{text} at {len(doc[:pos].encode('utf-8', 'surrogateescape'))}"
+
+
+def _innermost(doc: str, pos: int) -> str:
+    """The bracket ('{' or '[') open at `pos` of a JSON text, strings skipped."""
+    stack, quoted, escaped = [], False, False
+    for ch in doc[:pos]:
+        if quoted:
+            escaped, quoted = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            quoted = True
+        elif ch in "{[":
+            stack.append(ch)
+        elif ch in "}]" and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
 
 
 _DECODER = json.JSONDecoder()
