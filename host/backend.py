@@ -110,14 +110,12 @@ class Model:
     def load_batch_strategy(self, path: Path) -> BatchStrategy | None:
         """Triton's custom batching strategy library at `path` (TRITON_BATCH_STRATEGY_PATH or a
         `batchstrategy.so` found by `host.batch_strategy.find`), called after `initialize`; None
-        when the library defines none of its functions. Only native backends can run one (the
-        library needs a TRITONBACKEND_Model): the others refuse the model."""
-        from host.errors import InvalidArgumentError
-        raise InvalidArgumentError(
-            f"custom batching strategy {path} cannot be used for model '{self.spec.name}': "
-            f"modelhost supports custom batching strategies (TRITON_BATCH_STRATEGY_PATH, "
-            f"batchstrategy.so) only for models of native backends (libtriton_<name>.so), "
-            f"not for backend '{self.spec.backend or self.spec.config.backend}'")
+        when the library defines none of its functions. Native backends hand it their own
+        TRITONBACKEND_Model; other backends get one made by the bridge for the strategy alone
+        (host.native.batching.load_for_model)."""
+        from host.native.batching import load_for_model
+
+        return load_for_model(self.spec, path)
 
     def metrics(self) -> Iterable[Any]:
         """Prometheus metric families of the model's own (prometheus_client `Metric`s), added to

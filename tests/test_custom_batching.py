@@ -1,5 +1,5 @@
 """Triton's custom batching strategies (TRITON_BATCH_STRATEGY_PATH, batchstrategy.so) for native
-models: the test strategy tests/native/strategy.c (a byte limit per batch, and a log of every call)
+and python models: the test strategy tests/native/strategy.c (a byte limit per batch, and a log of every call)
 with the identity test backend, served by a real `modelhost serve` and driven with tritonclient.
 
 TRITONSERVER_DELAY_SCHEDULER=6 holds each dynamic batcher's first batch until six requests are
@@ -93,20 +93,22 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     model("partial", files={"batchstrategy.so": partial})
     model("init_fails", extra=param("STRATEGY_FAIL", "batcher_init"),
           files={"batchstrategy.so": strategy["model"]})
+    # A python model: Triton runs a strategy for a model of any backend.
     python = repo / "python_model"
     (python / "1").mkdir(parents=True)
     (python / "1" / "model.py").write_text(textwrap.dedent("""\
+        import triton_python_backend_utils as pb_utils
+
         class TritonPythonModel:
             def execute(self, requests):
-                return []
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                    for r in requests]
         """))
-    (python / "config.pbtxt").write_text(textwrap.dedent(f"""\
-        backend: "python"
-        max_batch_size: 8
-        input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }} ]
-        output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }} ]
-        {param("TRITON_BATCH_STRATEGY_PATH", str(python / "batchstrategy.so"))}
-        """))
+    (python / "config.pbtxt").write_text(CONFIG.format(
+        backend="python", log=logs / "python_model.log",
+        extra=BATCHING + param("STRATEGY_LIMIT", "48")
+        + param("TRITON_BATCH_STRATEGY_PATH", str(python / "batchstrategy.so"))))
     (python / "batchstrategy.so").write_bytes(strategy["model"].read_bytes())
     with serve(repo, "--backend-directory", str(backends), "--model-control-mode", "explicit",
                "--load-model", "*", env={"TRITONSERVER_DELAY_SCHEDULER": "6"}) as server:
@@ -156,6 +158,20 @@ def test_strategy_closes_batches_and_sees_each_request(served):
     refused = [i for i, line in enumerate(lines) if line.endswith("-> no")]
     assert len(refused) == 1
     assert lines[refused[0] + 1] == "batch_fini" and lines[refused[0] + 2] == "batch_init"
+
+
+def test_python_model_batches_by_its_strategy(served):
+    server, _, logs = served
+    infer_six(server, "python_model")
+    assert batch_sizes(server, "python_model") == {3: 2}
+    lines = events(logs, "python_model")
+    assert lines[0] == "batcher_init python_model tag=model limit=48"
+    assert sorted(line.split()[1] for line in lines if line.endswith("-> yes")) == [
+        f"r{k}" for k in range(6)]
+    import tritonclient.http as httpclient  # unload: the batcher is finalized with the model
+
+    httpclient.InferenceServerClient(server.url).unload_model("python_model")
+    wait_until(lambda: "batcher_fini python_model" in events(logs, "python_model"))
 
 
 def test_models_without_a_strategy_batch_as_usual(served):
@@ -208,7 +224,6 @@ def test_refused_strategies_fail_the_load_with_tritons_reasons(served):
         "custom batching functions for model partial")
     assert reasons["init_fails"] == "Not found: test strategy refuses the model"
     assert events(logs, "init_fails") == ["batcher_init init_fails tag=model limit=0"]
-    assert "only for models of native backends" in reasons["python_model"]
     assert client.is_server_live() and client.is_model_ready("volume")
 
 

@@ -207,12 +207,31 @@ static PyObject* py_backend_finalize(PyObject* self, PyObject* capsule) {
   Py_RETURN_NONE;
 }
 
+/* backend_placeholder(name, location, config_json) -> capsule: a backend with no library, which
+ * a model of another kind of backend (python, a plugin) is made under so that a custom batching
+ * strategy library can be given the TRITONBACKEND_Model it asks about (host.native.batching).
+ * Its lifecycle functions are all absent: the calls above skip them. */
+static PyObject* py_backend_placeholder(PyObject* self, PyObject* args) {
+  (void)self;
+  const char *name, *location, *config;
+  if (!PyArg_ParseTuple(args, "sss", &name, &location, &config)) return NULL;
+  TRITONBACKEND_Backend* b = calloc(1, sizeof(*b));
+  b->name = mh_strdup(name);
+  b->location = mh_strdup(location);
+  b->config_json = mh_strdup(config);
+  b->policy = TRITONBACKEND_EXECUTION_BLOCKING;
+  return PyCapsule_New(b, BACKEND_CAPSULE, NULL);
+}
+
 static PyObject* py_backend_unload(PyObject* self, PyObject* capsule) {
   (void)self;
   TRITONBACKEND_Backend* b = from_capsule(capsule, BACKEND_CAPSULE);
   if (b == NULL) return NULL;
-  Py_BEGIN_ALLOW_THREADS dlclose(b->dl);
-  Py_END_ALLOW_THREADS free(b->name);
+  if (b->dl != NULL) {
+    Py_BEGIN_ALLOW_THREADS dlclose(b->dl);
+    Py_END_ALLOW_THREADS
+  }
+  free(b->name);
   free(b->location);
   free(b->config_json);
   free(b);
@@ -468,6 +487,8 @@ static PyMethodDef methods[] = {
      "metrics() -> [(name, description, kind, [(labels, value), ...]), ...]: backend metrics"},
     {"configure", py_configure, METH_VARARGS, "configure(deliver, log, serialize_bytes, contiguous, levels)"},
     {"backend_load", py_backend_load, METH_VARARGS, "backend_load(path, name, location, config_json)"},
+    {"backend_placeholder", py_backend_placeholder, METH_VARARGS,
+     "backend_placeholder(name, location, config_json)"},
     {"backend_initialize", py_backend_initialize, METH_O, NULL},
     {"backend_attributes", py_backend_attributes, METH_O, NULL},
     {"backend_finalize", py_backend_finalize, METH_O, NULL},
