@@ -140,6 +140,22 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--min-supported-compute-capability", type=float, default=6.0, metavar="CC",
                    help="the lowest CUDA compute capability of a GPU that KIND_GPU instances may "
                         "use (Triton's default 6.0)")
+    # gRPC keepalive: passed to the gRPC server as Triton passes them (same defaults).
+    for name, default, help in GRPC_KEEPALIVE:
+        p.add_argument(f"--{name}", type=int, default=default, metavar="N", help=help)
+    flag(p, "--grpc-keepalive-permit-without-calls", "let clients send keepalive pings with no "
+         "call in flight (Triton's default false)", default=False)
+    flag(p, "--allow-gpu-metrics", f"{NO_EFFECT} GPU metrics are reported when a GPU is in use",
+         default=True)
+    flag(p, "--enable-peer-access", f"{NO_EFFECT} tensors do not move between GPUs here",
+         default=True)
+    p.add_argument("--host-policy", action="append", type=_host_policy, default=[],
+                   metavar="<policy name>,<setting>=<value>",
+                   help=f"{NO_EFFECT} instances are not bound to NUMA nodes or CPU sets by policy "
+                        "(checked as Triton checks it)")
+    p.add_argument("--repoagent-directory", default="/opt/tritonserver/repoagents", metavar="DIR",
+                   help=f"{NO_EFFECT} repository agents are not supported (a model naming one "
+                        "fails to load)")
     p.add_argument("--buffer-manager-thread-count", type=int, default=0, metavar="N",
                    help=f"{NO_EFFECT} tensors are not copied by a pool of threads here")
     # Triton's cloud front ends (host.http.cloud, docs/deploy.md).
@@ -161,6 +177,29 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--vertex-ai-default-model", default="", metavar="MODEL",
                    help="the model the Vertex AI predict route serves (default: the "
                         "repository's only model)")
+
+
+# (flag, Triton's default, help): the gRPC server's keepalive channel arguments (host.grpc.server).
+GRPC_KEEPALIVE = (
+    ("grpc-keepalive-time", 7200000, "ms between keepalive pings the server sends"),
+    ("grpc-keepalive-timeout", 20000, "ms the server waits for a ping's answer"),
+    ("grpc-http2-max-pings-without-data", 2, "pings a client may send with no data sent"),
+    ("grpc-http2-min-recv-ping-interval-without-data", 300000,
+     "least ms between a client's pings when no data is sent"),
+    ("grpc-http2-max-ping-strikes", 2, "bad pings before the connection is closed"),
+    ("grpc-max-connection-age", 0, "ms a connection may live (0: for ever)"),
+    ("grpc-max-connection-age-grace", 0, "ms calls may finish after that (0: for ever)"),
+)
+
+
+def _host_policy(text: str) -> tuple[str, str, str]:
+    """`<policy name>,<setting>=<value>` (Triton's ParseGenericConfigOption and its text)."""
+    name, comma, rest = text.partition(",")
+    setting, eq, value = rest.partition("=")
+    if not comma or not eq:
+        raise argparse.ArgumentTypeError(
+            f"--host-policy option format is '<policy name>,<setting>=<value>'. Got {text}")
+    return name, setting, value
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -228,6 +267,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "min_supported_compute_capability": args.min_supported_compute_capability,
         "grpc_infer_thread_count": args.grpc_infer_thread_count,
         "grpc_infer_allocation_pool_size": args.grpc_infer_allocation_pool_size,
+        "grpc_keepalive": {name: getattr(args, name.replace("-", "_")) for name, _, _ in GRPC_KEEPALIVE}
+        | {"grpc-keepalive-permit-without-calls": int(bool(args.grpc_keepalive_permit_without_calls))},
         "allow_sagemaker": bool(args.allow_sagemaker),
         "sagemaker_port": args.sagemaker_port,
         "sagemaker_safe_port_range": args.sagemaker_safe_port_range,

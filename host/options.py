@@ -86,6 +86,9 @@ class ServerOptions:
     cuda_virtual_address_size: dict[int, int] = field(default_factory=dict)
     # --min-supported-compute-capability: GPUs below it are not used (host.devices)
     min_supported_compute_capability: float = 6.0
+    # gRPC keepalive settings by Triton's flag name (host.cli_triton.GRPC_KEEPALIVE); empty: the
+    # gRPC server's own defaults (an embedder that sets none)
+    grpc_keepalive: dict[str, int] = field(default_factory=dict)
     # Triton's cloud front ends (host.http.cloud), each on a port of its own; their address is
     # Triton's fixed 0.0.0.0.
     allow_sagemaker: bool = False

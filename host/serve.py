@@ -157,6 +157,11 @@ class ServerApplication(BaseApplication):
                          restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
             self._start_grpc(share_port=False)
+            if o.grpc_keepalive and o.log_verbose:  # Triton's table of them (verbose 1)
+                from host.grpc.server import keepalive_rows
+
+                log.info("\n%s", startup.table(("GRPC KeepAlive Option", "Value"),
+                                               keepalive_rows(o.grpc_keepalive)), extra={"raw": True})
             log.info("Started GRPCInferenceService at %s:%d", o.grpc_address, self.grpc.port)
         self.metrics = startup.start_metrics(self.host, o)
         self.cloud = startup.start_cloud_front_ends(app, o, self.metrics)
@@ -206,7 +211,8 @@ class ServerApplication(BaseApplication):
             self.grpc = start_grpc_server(self.host, o.grpc_address, o.grpc_port,
                                           compression_level=o.grpc_compression_level,
                                           restrictions=restricted.grpc(o.grpc_restricted_protocol),
-                                          credentials=tls.grpc_credentials(o), share_port=share_port)
+                                          credentials=tls.grpc_credentials(o), share_port=share_port,
+                                          keepalive=o.grpc_keepalive)
         except OSError as exc:
             raise startup.StartupError(startup.port_error(
                 "gRPC", o.grpc_address, o.grpc_port, "--grpc-port", exc)) from None

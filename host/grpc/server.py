@@ -612,10 +612,48 @@ def _drain(cq: Any) -> None:
             pass
 
 
+# Triton's keepalive flags -> grpc core's channel arguments (as Triton's grpc_server.cc sets them;
+# the connection-age ones only when not 0).
+KEEPALIVE_ARGS = {
+    "grpc-keepalive-time": "grpc.keepalive_time_ms",
+    "grpc-keepalive-timeout": "grpc.keepalive_timeout_ms",
+    "grpc-keepalive-permit-without-calls": "grpc.keepalive_permit_without_calls",
+    "grpc-http2-max-pings-without-data": "grpc.http2.max_pings_without_data",
+    "grpc-http2-min-recv-ping-interval-without-data": "grpc.http2.min_ping_interval_without_data_ms",
+    "grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
+    "grpc-max-connection-age": "grpc.max_connection_age_ms",
+    "grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
+}
+
+
+def keepalive_args(settings: dict[str, int]) -> list[tuple[str, int]]:
+    return [(KEEPALIVE_ARGS[name], value) for name, value in settings.items()
+            if not (name.startswith("grpc-max-connection-age") and value == 0)]
+
+
+# Triton's names for them in its start-up table, in its order.
+_KEEPALIVE_ROWS = (
+    ("keepalive_time_ms", "grpc-keepalive-time"),
+    ("keepalive_timeout_ms", "grpc-keepalive-timeout"),
+    ("keepalive_permit_without_calls", "grpc-keepalive-permit-without-calls"),
+    ("http2_max_pings_without_data", "grpc-http2-max-pings-without-data"),
+    ("http2_min_recv_ping_interval_without_data_ms", "grpc-http2-min-recv-ping-interval-without-data"),
+    ("http2_max_ping_strikes", "grpc-http2-max-ping-strikes"),
+    ("max_connection_age_ms", "grpc-max-connection-age"),
+    ("max_connection_age_grace_ms", "grpc-max-connection-age-grace"),
+)
+
+
+def keepalive_rows(settings: dict[str, int]) -> list[tuple[str, str]]:
+    return [(row, str(settings[name])) for row, name in _KEEPALIVE_ROWS if name in settings
+            and not (name.startswith("grpc-max-connection-age") and settings[name] == 0)]
+
+
 def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 32,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                       compression_level: str = "none", restrictions: Restrictions | None = None,
-                      credentials: Any = None, share_port: bool = False) -> GrpcServer:
+                      credentials: Any = None, share_port: bool = False,
+                      keepalive: dict[str, int] | None = None) -> GrpcServer:
     """Serve `host` over gRPC on `address:port` (port 0: any free port); returns once listening.
 
     `share_port`: the front-end processes of one server (host.frontend) listen on the same port,
@@ -637,6 +675,7 @@ def start_grpc_server(host: Any, address: str, port: int, *, max_workers: int = 
     ]
     if COMPRESSION_LEVELS[compression_level]:
         options.append(("grpc.default_compression_level", COMPRESSION_LEVELS[compression_level]))
+    options += keepalive_args(keepalive or {})
     target = f"{_bracket(address)}:{port}"
     server = GrpcServer(Servicer(host), target, tuple(options), max(1, max_workers),
                         restrictions, credentials)
