@@ -7,6 +7,7 @@ each flag does here, and where modelhost differs, is in docs/triton_compat.md.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 RATE_LIMIT_MODES = ("off", "execution_count")
@@ -154,8 +155,7 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
                    help=f"{NO_EFFECT} instances are not bound to NUMA nodes or CPU sets by policy "
                         "(checked as Triton checks it)")
     p.add_argument("--repoagent-directory", default="/opt/tritonserver/repoagents", metavar="DIR",
-                   help=f"{NO_EFFECT} repository agents are not supported (a model naming one "
-                        "fails to load)")
+                   help="where repository agents are found: <DIR>/<name>/libtritonrepoagent_<name>.so")
     p.add_argument("--buffer-manager-thread-count", type=int, default=0, metavar="N",
                    help=f"{NO_EFFECT} tensors are not copied by a pool of threads here")
     # Triton's cloud front ends (host.http.cloud, docs/deploy.md).
@@ -269,6 +269,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_infer_allocation_pool_size": args.grpc_infer_allocation_pool_size,
         "grpc_keepalive": {name: getattr(args, name.replace("-", "_")) for name, _, _ in GRPC_KEEPALIVE}
         | {"grpc-keepalive-permit-without-calls": int(bool(args.grpc_keepalive_permit_without_calls))},
+        "repoagent_directory": Path(args.repoagent_directory),
         "allow_sagemaker": bool(args.allow_sagemaker),
         "sagemaker_port": args.sagemaker_port,
         "sagemaker_safe_port_range": args.sagemaker_safe_port_range,

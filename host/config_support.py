@@ -127,7 +127,12 @@ SUPPORT: dict[str, Support] = {
     "model_warmup.count": _impl("runs of the sample (at least one)"),
     "model_operations": _refused("custom operation libraries are not supported"),
     "model_transaction_policy": _impl("decoupled models answer over streams"),
-    "model_repository_agents": _refused("repository agents are not supported"),
+    "model_repository_agents": _impl("agents from --repoagent-directory, with Triton's actions "
+                                     "(host.native.repoagent)"),
+    "model_repository_agents.agents": _impl("run in order, each on the files the one before "
+                                            "left"),
+    "model_repository_agents.agents.name": _impl("<dir>/<name>/libtritonrepoagent_<name>.so"),
+    "model_repository_agents.agents.parameters": _impl("TRITONREPOAGENT_ModelParameter*"),
     "response_cache": _impl("refused for sequence and decoupled models, as in Triton"),
     "model_metrics": _impl("buckets of nv_inference_first_response_histogram_ms for this model "
                            "(with --metrics-config histogram_latencies=true); other families are "
@@ -191,7 +196,6 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
         s.use_growable_memory for s in c.sequence_batching.state),
     "instance_group.secondary_devices": lambda c: any(g.secondary_devices for g in c.instance_group),
     "model_operations": lambda c: len(c.model_operations.op_library_filename) > 0,
-    "model_repository_agents": lambda c: len(c.model_repository_agents.agents) > 0,
     "metric_tags": lambda c: len(c.metric_tags) > 0,
     "dynamic_batching.preserve_ordering": lambda c: c.dynamic_batching.preserve_ordering and sum(
         max(g.count, 1) * max(len(g.gpus), 1) for g in c.instance_group) > 1,

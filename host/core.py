@@ -76,6 +76,7 @@ class Host:
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
+        self.manager.repoagent_directory = opts.repoagent_directory
         if opts.rate_limit == "execution_count":  # Triton's rate limiter (host.rate_limiter)
             self.manager.rate_limiter = RateLimiter(opts.rate_limit_resources)
         self.shm = shm.SharedMemoryManager(self.options.allow_client_shm)

@@ -58,6 +58,7 @@ class ModelEntry:
     fingerprint: tuple = ()
     unloaded: bool = False
     override_dir: Path | None = None  # the private folder of a load with file overrides
+    agents: Any = None  # the repository agents of the loaded model (host.native.repoagent)
     explicit: bool = False  # loaded on request, not only as a composing model of an ensemble
     waiting_on: set[str] = field(default_factory=set)  # unloaded composing models (ensembles)
     # Versions being unloaded: they finish their requests in flight first (ModelManager.unload).
@@ -93,6 +94,8 @@ class ModelManager:
         # Repositories registered while serving (SageMaker's multi-model endpoint), each with
         # its subfolder -> model name mapping (Triton's RegisterModelRepository).
         self.mappings: dict[Path, dict[str, str]] = {}
+        self.repoagent_directory: Path | None = None  # --repoagent-directory
+        self._repo_agents: Any = None  # host.native.repoagent.AgentRegistry, made on first use
         self.unload_wait = unload_wait  # seconds an unload waits for requests in flight
         self.load_retries = max(0, load_retries)  # --model-load-retry-count
         self._finishers: dict[ModelVersion, threading.Thread] = {}  # versions being unloaded
@@ -392,6 +395,7 @@ class ModelManager:
                 try:
                     base = self._base_config(entry, config_json)
                     on_disk = repository.versions_on_disk(entry.location.path)
+                    agents = self._agents_load(entry, base)
                 except HostError as exc:  # Triton reads the folder and config when it polls
                     raise poll_failure(exc) from None
                 entry.in_lifecycle = True
@@ -410,7 +414,7 @@ class ModelManager:
             entry.error, entry.poll_failed = "", False
             entry.waiting_on.clear()
             try:
-                self._load_versions(entry, base, versions)
+                self._load_versions_with(entry, base, versions, agents)
             except HostError:
                 log.log(VERBOSE_2, "OnLoadFinal() '%s' for all version(s)", name)
                 log.info("failed to load '%s'", name)  # Triton's lines (model_lifecycle.cc)
@@ -423,6 +427,46 @@ class ModelManager:
         if self._pass is not None:
             self._pass.add(name)
         self._deps.model_loaded(name)
+
+    def _agents_load(self, entry: ModelEntry, base: model_config_pb2.ModelConfig) -> Any:
+        """The LOAD action of the model's repository agents (None when it names none); an
+        agent's error fails the load as a poll failure, as in Triton."""
+        if not base.model_repository_agents.agents:
+            return None
+        from host.native.repoagent import AgentRegistry
+
+        if self._repo_agents is None:
+            self._repo_agents = AgentRegistry(self.repoagent_directory)
+        assert entry.location is not None
+        return self._repo_agents.load(base, config_mod.config_to_json(base), entry.location.path)
+
+    def _load_versions_with(self, entry: ModelEntry, base: model_config_pb2.ModelConfig,
+                            versions: list[int], agents: Any) -> None:
+        """`_load_versions`, from the folder the repository agents point at (Triton loads the
+        model from the last agent's location), then LOAD_COMPLETE or LOAD_FAIL; the agents of
+        the load before are sent UNLOAD once these replace them."""
+        if agents is None:
+            self._load_versions(entry, base, versions)
+            return
+        from host.native.repoagent import LOAD_COMPLETE, LOAD_FAIL
+
+        home = entry.location
+        assert home is not None
+        if agents.location != home.path:
+            entry.location = repository.ModelLocation(entry.name, agents.location.parent,
+                                                      agents.location)
+        try:
+            self._load_versions(entry, base, versions)
+        except BaseException:
+            agents.act(LOAD_FAIL)
+            agents.close()
+            raise
+        finally:
+            entry.location = home
+        agents.act(LOAD_COMPLETE)
+        previous, entry.agents = entry.agents, agents
+        if previous is not None:
+            previous.unload()
 
     def _base_config(self, entry: ModelEntry, config_json: str | dict | None) -> model_config_pb2.ModelConfig:
         assert entry.location is not None
@@ -610,6 +654,9 @@ class ModelManager:
             entry.unloading[mv.version] = mv  # listed (UNLOADING) until its requests finish
             pending.append(self._unload_version(mv, entry=entry))
         entry.versions, entry.failed = {}, {}
+        if entry.agents is not None:  # UNLOAD, UNLOAD_COMPLETE, then the agent models go
+            agents, entry.agents = entry.agents, None
+            agents.unload()
         if entry.override_dir is not None:
             overrides.remove(entry.override_dir)
             entry.override_dir, entry.location = None, None

@@ -89,6 +89,8 @@ class ServerOptions:
     # gRPC keepalive settings by Triton's flag name (host.cli_triton.GRPC_KEEPALIVE); empty: the
     # gRPC server's own defaults (an embedder that sets none)
     grpc_keepalive: dict[str, int] = field(default_factory=dict)
+    # repository agents (host.native.repoagent): <dir>/<name>/libtritonrepoagent_<name>.so
+    repoagent_directory: Path = Path("/opt/tritonserver/repoagents")
     # Triton's cloud front ends (host.http.cloud), each on a port of its own; their address is
     # Triton's fixed 0.0.0.0.
     allow_sagemaker: bool = False

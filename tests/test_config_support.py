@@ -62,7 +62,6 @@ REFUSED_CONFIGS = {
     "instance_group.passive": "instance_group [ { passive: true } ]",
     "metric_tags": 'metric_tags { key: "team" value: "search" }',
     "model_operations": 'model_operations { op_library_filename: [ "libops.so" ] }',
-    "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
 }
 
 

@@ -473,6 +473,7 @@ static PyObject* py_take_response_statistics(PyObject* self, PyObject* capsule) 
 
 extern PyMethodDef mh_cache_methods[];
 extern PyMethodDef mh_batching_methods[];
+extern PyMethodDef mh_repoagent_methods[];
 
 PyObject* mh_metrics_snapshot(void); /* server.c */
 
@@ -535,6 +536,7 @@ MH_EXPORT PyObject* PyInit_libtritonserver(void) {
   if (m == NULL) return NULL;
   if (PyModule_AddFunctions(m, mh_cache_methods) < 0) return NULL;
   if (PyModule_AddFunctions(m, mh_batching_methods) < 0) return NULL;
+  if (PyModule_AddFunctions(m, mh_repoagent_methods) < 0) return NULL;
   BridgeError = PyErr_NewException("host.native.libtritonserver.BridgeError", NULL, NULL);
   Py_INCREF(BridgeError);
   PyModule_AddObject(m, "BridgeError", BridgeError);
