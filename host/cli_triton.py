@@ -123,8 +123,9 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
-    flag(p, "--model-namespacing", "Triton's model namespacing (models of the same name in "
-         "different repositories): only 'false', Triton's default, is supported; 'true' is refused")
+    flag(p, "--model-namespacing", "Triton's model namespacing: models of the same name may be "
+         "in several repositories; a request naming one of those is refused as ambiguous, an "
+         "ensemble uses the one in its own repository first (host.namespacing)")
     p.add_argument("--grpc-infer-thread-count", type=int, default=2, metavar="N",
                    help=f"{NO_EFFECT} gRPC requests are handled by the front end's own threads; "
                         "checked as Triton checks it (2 to 128)")
@@ -162,11 +163,6 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                 f"modelhost: there is no {name} front end (Triton's --allow-"
                 f"{'sagemaker' if name == 'SageMaker' else 'vertex-ai'}); serve the KServe V2 "
                 "HTTP and gRPC endpoints behind the platform's own adapter, or leave the flag out.")
-    if args.model_namespacing:
-        raise SystemExit(
-            "modelhost: --model-namespacing=true is not supported: a model name is unique across "
-            "all --model-repository folders here (Triton's --model-namespacing=false). Leave the "
-            "flag out or pass --model-namespacing=false.")
     if not 2 <= args.grpc_infer_thread_count <= 128:
         raise SystemExit("modelhost: invalid argument for --grpc_infer_thread_count. Must be in "
                          "the range 2 to 128.")
@@ -191,6 +187,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "model_config_name": args.model_config_name or "",
         "rate_limit": args.rate_limit,
         "rate_limit_resources": args.rate_limit_resource,
+        "model_namespacing": args.model_namespacing,
         "pinned_memory_pool_byte_size": args.pinned_memory_pool_byte_size,
         "cuda_memory_pool_byte_size": dict(args.cuda_memory_pool_byte_size),
         "cuda_virtual_address_size": dict(args.cuda_virtual_address_size),
