@@ -186,7 +186,10 @@ class NamespacedModelManager(ModelManager):
         else:
             with self._locked():
                 self._refresh_locations()
-                errors = super().load_all([k for n in names for k in (self._on_disk(n) or [n])])
+                wanted: list[str] = []
+                for name in names:  # a name in no repository: the manager's own error
+                    wanted.extend(self._on_disk(name) or [name])
+                errors = super().load_all(wanted)
         with self._locked():
             self._relink()
         return errors
