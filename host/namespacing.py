@@ -45,6 +45,8 @@ OVERRIDE_NAMESPACE = ""
 
 
 class NamespacedModelManager(ModelManager):
+    namespaced = True  # host.metrics labels the models' metrics with their namespace
+
     def __init__(self, roots: list[Path], *args: Any, **kwargs: Any) -> None:
         super().__init__(roots, *args, **kwargs)
         self._deps = NamespacedDependencies(self)

@@ -8,6 +8,7 @@ model_repository_manager.cc (checked side by side with Triton 2.51 on the QA's r
   map" (404), and a model known but not ready names itself as '<repository>::<name>';
 - an ensemble's step uses the model of that name in the ensemble's own repository, else the only
   one there is; the linked repository is written into the step's `model_namespace`;
+- each model's metrics are labelled with its repository (`namespace`);
 - loading a name loads it in every repository (an ensemble also its steps' models of those
   names), unloading a name unloads it everywhere, and the index lists every copy, by
   repository then name;
@@ -126,17 +127,17 @@ def _ambiguity(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def explicit(tmp_path_factory) -> Iterator[tuple[httpclient.InferenceServerClient, str, str, Path]]:
+def explicit(tmp_path_factory) -> Iterator[tuple[httpclient.InferenceServerClient, str, str, Path, int]]:
     a, b = _repos(tmp_path_factory.mktemp("ns"))
     with serve(a, "--model-repository", str(b), "--model-namespacing=true",
                "--model-control-mode=explicit") as server:
         client = httpclient.InferenceServerClient(server.url)
-        yield client, server.url, server.grpc_url, a
+        yield client, server.url, server.grpc_url, a, server.metrics_port
         client.close()
 
 
 def test_requests_by_name_resolve_across_repositories(explicit):
-    client, url, grpc_url, a = explicit
+    client, url, grpc_url, a, metrics_port = explicit
     # before any load: the name is unknown (400)
     assert _error(url, "/v2/models/comp") == (400, "Request for unknown model: 'comp' is not found")
     assert _index(client) == [("comp", ""), ("ens", ""), ("only_a", ""), ("same", ""),
@@ -149,6 +150,12 @@ def test_requests_by_name_resolve_across_repositories(explicit):
     assert [r for r in _index(client) if r[0] == "comp"] == [("comp", "READY"), ("comp", "READY")]
     step = client.get_model_config("ens")["ensemble_scheduling"]["step"][0]
     assert step["model_name"] == "comp" and step["model_namespace"] == str(a)
+
+    # each copy's metrics carry its repository as Triton's `namespace` label
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+        metrics = response.read().decode()
+    for repo in (a, a.parent / "b_repo"):
+        assert f'nv_inference_request_success{{model="comp",namespace="{repo}",version="1"}}' in metrics
 
     # a name two repositories serve is ambiguous, over HTTP and gRPC, for every request kind
     assert _error(url, "/v2/models/comp") == (400, _ambiguity("comp"))
@@ -191,7 +198,7 @@ def test_requests_by_name_resolve_across_repositories(explicit):
 
 
 def test_explicit_load_links_the_repository_that_has_the_model(explicit):
-    client, _, _, a = explicit
+    client, _, _, a, _ = explicit
     moved = a.parent / "comp_away"
     client.unload_model("ens")
     client.unload_model("comp")
