@@ -65,16 +65,16 @@ class Host:
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         opts = self.options
         self.ensembles = EnsembleRuntime(self)  # ensemble steps: requests the host sends itself
-        manager = NamespacedModelManager if opts.model_namespacing else ModelManager
-        self.manager = manager(opts.model_repositories, self.backends,
-                               opts.model_control_mode, self._on_model_state,
-                               auto_complete=not (opts.disable_auto_complete_config
-                                                  or opts.strict_model_config),
-                               config_name=opts.model_config_name,
-                               load_threads=opts.model_load_thread_count,
-                               ensembles=self.ensembles,
-                               unload_wait=opts.exit_timeout_secs,
-                               load_retries=opts.model_load_retry_count)
+        manager_type = NamespacedModelManager if opts.model_namespacing else ModelManager
+        self.manager = manager_type(opts.model_repositories, self.backends,
+                                    opts.model_control_mode, self._on_model_state,
+                                    auto_complete=not (opts.disable_auto_complete_config
+                                                       or opts.strict_model_config),
+                                    config_name=opts.model_config_name,
+                                    load_threads=opts.model_load_thread_count,
+                                    ensembles=self.ensembles,
+                                    unload_wait=opts.exit_timeout_secs,
+                                    load_retries=opts.model_load_retry_count)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from host.errors import InvalidArgumentError
-from host.repository import ModelKey
 from host.inference import RequestedOutput
 from host.proto import model_config_pb2
+from host.repository import ModelKey
 
 ModelConfig = model_config_pb2.ModelConfig
 # (model name, version) -> the loaded config of that composing model (raises if not loaded).
