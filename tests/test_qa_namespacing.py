@@ -238,6 +238,23 @@ def test_polling_relinks_ensembles_when_a_repository_gains_or_loses_a_model(tmp_
         client.close()
 
 
+def test_response_cache_keeps_models_of_one_name_apart(tmp_path):
+    a, b = tmp_path / "a_repo", tmp_path / "b_repo"
+    for repo, op in ((a, "+"), (b, "-")):
+        _model(repo, "comp", op)
+        with open(repo / "comp" / "config.pbtxt", "a") as config:
+            config.write("response_cache { enable: true }\n")
+    _ensemble(a, "ens", "comp")
+    _ensemble(b, "ens_b", "comp")
+    with serve(a, "--model-repository", str(b), "--model-namespacing=true",
+               "--cache-config=local,size=1048576") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert _infer(client, "ens") == ADD
+        assert _infer(client, "ens_b") == SUB  # the same inputs, B's 'comp': not A's cached answer
+        assert _infer(client, "ens") == ADD
+        client.close()
+
+
 def test_model_keys():
     a, b = ModelKey("m", "/a"), ModelKey("m", "/b")
     assert a != b and {a: 1, b: 2}[b] == 2 and {a: 1}.get("m") is None  # a name finds neither
