@@ -124,8 +124,9 @@ def add_flags(p: argparse.ArgumentParser, flag: Any) -> None:
     p.add_argument("--cuda-virtual-address-size", action="append", type=_device_size, default=[],
                    metavar="DEVICE:BYTES",
                    help=f"{NO_EFFECT} there are no growable implicit-state buffers")
-    flag(p, "--model-namespacing", "Triton's model namespacing (models of the same name in "
-         "different repositories): only 'false', Triton's default, is supported; 'true' is refused")
+    flag(p, "--model-namespacing", "Triton's model namespacing: models of the same name may be "
+         "in several repositories; a request naming one of those is refused as ambiguous, an "
+         "ensemble uses the one in its own repository first (host.namespacing)")
     p.add_argument("--grpc-infer-thread-count", type=int, default=2, metavar="N",
                    help=f"{NO_EFFECT} gRPC requests are handled by the front end's own threads; "
                         "checked as Triton checks it (2 to 128)")
@@ -232,11 +233,6 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit("modelhost: AIP_HTTP_PORT must be a port number, got "
                              f"'{os.environ.get('AIP_HTTP_PORT')}'") from None
     allow_vertex = args.allow_vertex_ai if args.allow_vertex_ai is not None else vertex_prediction_mode()
-    if args.model_namespacing:
-        raise SystemExit(
-            "modelhost: --model-namespacing=true is not supported: a model name is unique across "
-            "all --model-repository folders here (Triton's --model-namespacing=false). Leave the "
-            "flag out or pass --model-namespacing=false.")
     if not 2 <= args.grpc_infer_thread_count <= 128:
         raise SystemExit("modelhost: invalid argument for --grpc_infer_thread_count. Must be in "
                          "the range 2 to 128.")
@@ -261,6 +257,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "model_config_name": args.model_config_name or "",
         "rate_limit": args.rate_limit,
         "rate_limit_resources": args.rate_limit_resource,
+        "model_namespacing": args.model_namespacing,
         "pinned_memory_pool_byte_size": args.pinned_memory_pool_byte_size,
         "cuda_memory_pool_byte_size": dict(args.cuda_memory_pool_byte_size),
         "cuda_virtual_address_size": dict(args.cuda_virtual_address_size),

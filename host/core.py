@@ -23,6 +23,7 @@ from host.errors import (HostError, InternalError, UnsupportedError,
 from host.latency import parse_metrics_config
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback, drain
 from host.manager import ModelManager
+from host.namespacing import NamespacedModelManager
 from host.model import READY, ModelVersion
 from host.native import backend as native_backend
 from host.options import CONTROL_MODES, ServerOptions
@@ -64,7 +65,8 @@ class Host:
             self.options.cache_config, self.options.cache_directory, self.plugins.registry)
         opts = self.options
         self.ensembles = EnsembleRuntime(self)  # ensemble steps: requests the host sends itself
-        self.manager = ModelManager(opts.model_repositories, self.backends,
+        manager_type = NamespacedModelManager if opts.model_namespacing else ModelManager
+        self.manager = manager_type(opts.model_repositories, self.backends,
                                     opts.model_control_mode, self._on_model_state,
                                     auto_complete=not (opts.disable_auto_complete_config
                                                        or opts.strict_model_config),

@@ -219,9 +219,13 @@ class ModelManager:
             rows.append(row)
         return rows
 
+    def _scan(self) -> tuple[dict[str, repository.ModelLocation], dict[str, str]]:
+        """The models on disk by key (their name; host.namespacing keys them by repository too)."""
+        return repository.scan(self.roots, self.mappings)
+
     def _refresh_locations(self) -> dict[str, str]:
         """Learn models added to the repository (the index lists them even when not loaded)."""
-        locations, errors = repository.scan(self.roots, self.mappings)
+        locations, errors = self._scan()
         self._duplicated = errors
         for name, loc in locations.items():
             entry = self._models.get(name)
@@ -722,7 +726,7 @@ class ModelManager:
     def poll(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
         with self._locked():
-            locations, duplicated = repository.scan(self.roots, self.mappings)
+            locations, duplicated = self._scan()
             self._duplicated = duplicated
             for name, error in duplicated.items():  # as Triton: served from neither repository
                 log.error("Poll failed for model directory '%s': %s", name, error)

@@ -111,6 +111,12 @@ class TritonCollector:
         return []  # names are per scrape; registering must not scrape
 
     def collect(self) -> Iterator[Metric]:
+        families = self._collect()
+        if getattr(self.host.manager, "namespaced", False):  # --model-namespacing
+            families = _with_namespaces(families)
+        yield from families
+
+    def _collect(self) -> Iterator[Metric]:
         models = self.host.statistics()["model_stats"]
         # What the statistics extension has no field for: failures by reason, the cache setting.
         loaded = {(mv.name, str(mv.version)): mv for mv in self.host.manager.loaded()}
@@ -144,6 +150,17 @@ class TritonCollector:
             yield from _latency_families(loaded.values(), latency)
         yield from _model_families(loaded.values())
         yield from _pinned_memory(getattr(self.host, "options", None))
+
+
+def _with_namespaces(families: Iterator[Metric]) -> Iterator[Metric]:
+    """With model namespacing, Triton labels a model's metrics with its `namespace` too (its
+    repository; the model label holds a host.repository.ModelKey there)."""
+    for family in families:
+        for sample in family.samples:
+            namespace = getattr(sample.labels.get("model"), "namespace", "")
+            if namespace:
+                sample.labels["namespace"] = namespace
+        yield family
 
 
 def _pinned_memory(options: Any) -> Iterator[Metric]:

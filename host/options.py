@@ -80,6 +80,8 @@ class ServerOptions:
     strict_readiness: bool = False  # ready only while every model that was loaded is READY
     rate_limit: str = "off"  # "execution_count": Triton's rate limiter (host.rate_limiter)
     rate_limit_resources: list[str] = field(default_factory=list)  # NAME:COUNT[:DEVICE]
+    # --model-namespacing: models keyed by (repository, name) (host.namespacing)
+    model_namespacing: bool = False
     # Memory pools: accepted for compatibility; tensors here live in numpy/cupy memory.
     pinned_memory_pool_byte_size: int = 256 * 1024 * 1024
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)

@@ -25,6 +25,67 @@ class ModelLocation:
     path: Path  # root / name
 
 
+class ModelKey(str):
+    """A model's key with Triton's model namespacing (host.namespacing): its name, and the
+    repository it is in as its namespace. It reads (formats, prints, serializes) as the bare
+    name; keys equal and hash as (namespace, name), so models of one name in two repositories
+    are two entries, and a dict lookup by a plain name finds neither; compared with a plain
+    string it is its name (a configuration's `name` checked against its folder's). Sorted as
+    Triton's ModelIdentifier: by namespace, then name."""
+
+    namespace: str
+
+    def __new__(cls, name: str, namespace: str) -> ModelKey:
+        key = super().__new__(cls, name)
+        key.namespace = namespace
+        return key
+
+    @property
+    def qualified(self) -> str:
+        """As Triton writes a model identifier in its texts: `<namespace>::<name>`."""
+        return f"{self.namespace}::{self}" if self.namespace else str(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ModelKey) and self.namespace != other.namespace:
+            return False
+        return str.__eq__(self, other) is True
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((self.namespace, str(self)))
+
+    def __lt__(self, other: str) -> bool:
+        if isinstance(other, ModelKey):
+            return (self.namespace, str(self)) < (other.namespace, str(other))
+        return str.__lt__(self, other)
+
+    def __reduce__(self) -> tuple:
+        return ModelKey, (str(self), self.namespace)
+
+    def __repr__(self) -> str:
+        return f"ModelKey({str(self)!r}, {self.namespace!r})"
+
+
+def scan_namespaced(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None
+                    ) -> tuple[dict[str, ModelLocation], dict[str, str]]:
+    """Every model folder under `roots`, keyed by (repository, name): a name may be in several.
+    `mappings` as for `scan`."""
+    found: dict[str, ModelLocation] = {}
+    for root in roots:
+        mapping = mappings.get(Path(root), {}) if mappings else {}
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError as exc:
+            raise NotFoundError(f"failed to open model repository '{root}': {exc.strerror}") from None
+        for entry in entries:
+            if entry.is_dir() and not entry.name.startswith("."):
+                key = ModelKey(mapping.get(entry.name, entry.name), str(root))
+                found[key] = ModelLocation(key, Path(root), Path(entry.path))
+    return found, {}
+
+
 def scan(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None
          ) -> tuple[dict[str, ModelLocation], dict[str, str]]:
     """Every model folder under `roots`; a name found in two roots is an error for that model.

@@ -31,7 +31,6 @@ MULTI_MODEL_DIR = "/tmp/sagemaker"
 
 # environment variable -> flag, when set
 _PASSED = (
-    ("SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING", "--model-namespacing"),
     ("SAGEMAKER_BIND_TO_PORT", "--sagemaker-port"),
     ("SAGEMAKER_SAFE_PORT_RANGE", "--sagemaker-safe-port-range"),
     ("SAGEMAKER_TRITON_METRICS_PORT", "--metrics-port"),
@@ -42,10 +41,9 @@ _PASSED = (
     ("SAGEMAKER_TRITON_LOG_WARNING", "--log-warning"),
     ("SAGEMAKER_TRITON_LOG_ERROR", "--log-error"),
 )
-# environment variable -> (flag, value when unset). Triton's script also turns model namespacing
-# on unless SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING says otherwise; here it is passed only when
-# that variable is set (see docs/deploy.md).
+# environment variable -> (flag, value when unset)
 _DEFAULTED = (
+    ("SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING", "--model-namespacing", "true"),
     ("SAGEMAKER_TRITON_ALLOW_GRPC", "--allow-grpc", "false"),
     ("SAGEMAKER_TRITON_ALLOW_METRICS", "--allow-metrics", "false"),
     ("SAGEMAKER_TRITON_LOG_VERBOSE", "--log-verbose", "true"),

@@ -366,7 +366,6 @@ def test_a_response_larger_than_the_cache_is_a_failed_insert(tmp_path):
     (["--cache-config=local,size=8192", "--cache-config=redis,key=value"],
      "found multiple cache configurations, but only a single cache is currently supported"),
     (["--cache-config=local,size=100"], "Failed to initialize LocalCache: size 100 is too small"),
-    (["--model-namespacing=true"], "--model-namespacing=true is not supported"),
 ])
 def test_refused_server_settings(tmp_path, args, message):
     (tmp_path / "models").mkdir()

@@ -102,7 +102,8 @@ class CacheService:
         if all_outputs is None or not cacheable_request(request):
             return None
         start = time.perf_counter_ns()
-        key = request_key(mv.name, mv.version, request)
+        # with namespacing, models of one name in two repositories are two models (ModelKey)
+        key = request_key(getattr(mv.name, "qualified", mv.name), mv.version, request)
         hit: InferenceResponse | None = None
         try:
             entry = self.cache.lookup(key)

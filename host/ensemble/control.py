@@ -36,7 +36,7 @@ class Dependencies:
 
     def load_composing(self, name: str, cfg: model_config_pb2.ModelConfig) -> None:
         """Load what ensemble `name` needs that is not loaded yet, with Triton's errors."""
-        wanted = list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))
+        wanted = list(dict.fromkeys(self.step_key(name, step) for step in cfg.ensemble_scheduling.step))
         for dep in wanted:
             if dep in self.loading:
                 raise CycleError(f"circular dependency between ensembles: {dep} -> ... -> "
@@ -57,6 +57,13 @@ class Dependencies:
                 raise InvalidArgumentError(
                     f"ensemble '{name}' depends on '{dep}' which has no loaded version. Model "
                     f"'{dep}' loading failed with error: {exc}") from None
+
+    def step_key(self, ensemble: str, step: model_config_pb2.ModelEnsembling.Step) -> str:
+        """The key of the model that a step of `ensemble` uses: its name. As Triton, the step's
+        `model_namespace` is set to the namespace its model was found in, which is none without
+        namespacing (host.namespacing finds it by repository)."""
+        step.ClearField("model_namespace")
+        return step.model_name
 
     def config_lookup(self, ensemble: str) -> ConfigLookup:
         """How `ensemble`'s plan finds a composing model's loaded configuration."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from host.errors import InvalidArgumentError
 from host.inference import RequestedOutput
 from host.proto import model_config_pb2
+from host.repository import ModelKey
 
 ModelConfig = model_config_pb2.ModelConfig
 # (model name, version) -> the loaded config of that composing model (raises if not loaded).
@@ -139,6 +140,12 @@ def _node(model: str, batching: bool, datatype: int, dims: Iterable[int]) -> _No
     return _Node(model, datatype, dims, ((-1,) if batching else ()) + dims)
 
 
+def step_model(step: model_config_pb2.ModelEnsembling.Step) -> str:
+    """The model a step uses: its name, or with namespacing (set at load, host.namespacing) the
+    key of the repository's model it was linked to."""
+    return ModelKey(step.model_name, step.model_namespace) if step.model_namespace else step.model_name
+
+
 def build_plan(config: ModelConfig, lookup: ConfigLookup) -> Plan:
     """Check the ensemble against its loaded composing models; raise InvalidArgumentError."""
     name = config.name
@@ -152,7 +159,7 @@ def build_plan(config: ModelConfig, lookup: ConfigLookup) -> Plan:
                                 t.reshape.shape if t.HasField("reshape") else t.dims)
     steps: list[Step] = []
     for index, s in enumerate(config.ensemble_scheduling.step):
-        model = lookup(s.model_name, s.model_version)
+        model = lookup(step_model(s), s.model_version)
         if 0 < model.max_batch_size < config.max_batch_size:
             raise InvalidArgumentError(
                 f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it "
@@ -167,7 +174,7 @@ def build_plan(config: ModelConfig, lookup: ConfigLookup) -> Plan:
 def _check_step(ensemble: str, index: int, step, model: ModelConfig,
                 tensors: dict[str, _Node]) -> Step:
     """Triton's ValidateTensorMapping for one step."""
-    m = step.model_name
+    m = step_model(step)
     batching = model.max_batch_size > 0
     inputs = {i.name: i for i in model.input}
     for model_input, tensor in step.input_map.items():
