@@ -50,7 +50,12 @@ class NamespacedModelManager(ModelManager):
     def __init__(self, roots: list[Path], *args: Any, **kwargs: Any) -> None:
         super().__init__(roots, *args, **kwargs)
         self._deps = NamespacedDependencies(self)
-        self._namespaces = [OVERRIDE_NAMESPACE] + [str(r) for r in self.roots]
+
+    @property
+    def _namespaces(self) -> list[str]:
+        """Override files' namespace, then each repository's: those given at start and those
+        registered since (SageMaker's multi-model endpoint, `register_repository`)."""
+        return [OVERRIDE_NAMESPACE] + [str(r) for r in self.roots]
 
     def _scan(self) -> tuple[dict[str, repository.ModelLocation], dict[str, str]]:
         return repository.scan_namespaced(self.roots, self.mappings)

@@ -475,3 +475,27 @@ def test_sagemaker_chunk_limits(sagemaker):
     assert over.startswith(b"HTTP/1.1 400 ")
     assert b"Chunked request body exceeds maximum of 65536 non-empty chunks" in over
     assert call(sagemaker.sagemaker + "/ping")[0] == 200
+
+
+def test_sagemaker_multi_model_endpoint_with_namespacing(repo, tmp_path):
+    """Triton's SageMaker `serve` turns namespacing on: archives loaded through /models are
+    found by name, also with a repository registered after the start."""
+    (port,) = _distinct_free_ports(1)
+    models_root = tmp_path / "opt_ml_models"
+    archive = models_root / "e5f6" / "model"
+    write_model(archive, "archived", -1)
+    env = {"MODELHOST_SAGEMAKER_MODELS_ROOT": str(models_root)}
+    with ServerProcess(repo, "--allow-sagemaker=true", "--sagemaker-port", str(port),
+                       "--model-namespacing=true", "--model-control-mode=explicit", env=env):
+        base = f"http://127.0.0.1:{port}"
+        load = json.dumps({"model_name": "e5f6", "url": str(archive)}).encode()
+        status, _, content = call(base + "/models", "POST", load)
+        assert status == 200, content
+        assert json.loads(call(base + "/models")[2])["models"] == [
+            {"modelName": "e5f6", "modelUrl": str(archive)}]
+        body, _ = request_body()
+        status, _, content = call(base + "/models/e5f6/invoke", "POST", body)
+        assert status == 200, content
+        assert (outputs(content)[0] == 0).all()
+        assert call(base + "/models/e5f6", "DELETE")[0] == 200
+        assert call(base + "/models/e5f6/invoke", "POST", body)[0] == 404
