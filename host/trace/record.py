@@ -25,7 +25,7 @@ class Trace:
     """The record of one sampled request: its activities in order, then written or exported."""
 
     __slots__ = ("id", "setting", "model_name", "model_version", "request_id", "stamps",
-                 "tensors", "wall_offset", "compute_open", "parent")
+                 "tensors", "wall_offset", "compute_open", "parent", "executing", "end_ns")
 
     def __init__(self, setting: TraceSetting, request: InferenceRequest, version: int) -> None:
         self.id = next(_ids)
@@ -40,11 +40,21 @@ class Trace:
         self.wall_offset = time.time_ns() - time.perf_counter_ns()
         self.compute_open = False
         self.parent: Any = None  # a propagated OpenTelemetry context, if the request had one
+        # Set while its execute runs: a final response sent from inside the execute (a native
+        # backend's) ends the trace only once the execute's compute stamps are in (`compute`),
+        # as Triton writes a trace when the backend releases the request.
+        self.executing = False
+        self.end_ns = 0
 
     def compute(self, start: int, input_end: int, output_start: int) -> None:
         """The execute that served the request (called by the scheduler before it responds)."""
         self.stamps += (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
                         ("COMPUTE_OUTPUT_START", output_start))
+        self.executing = False
+        if self.end_ns:  # answered during the execute: the trace ends now
+            self.stamps += (("COMPUTE_END", output_start), ("REQUEST_END", self.end_ns))
+            self.setting.finish(self)
+            return
         self.compute_open = True
 
     def respond(self, response: InferenceResponse | None, final: bool) -> None:
@@ -57,6 +67,9 @@ class Trace:
                 self.compute_open = False
 
     def end(self) -> None:
+        if self.executing:
+            self.end_ns = time.perf_counter_ns()
+            return
         self.stamps.append(("REQUEST_END", time.perf_counter_ns()))
         self.setting.finish(self)
 

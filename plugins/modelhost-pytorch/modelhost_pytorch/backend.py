@@ -114,6 +114,11 @@ class PyTorchModel(Model):
         self.batching = cfg.max_batch_size > 0
         self.input_types = {i.name: _datatype(i.data_type) for i in cfg.input}
         self.output_types = {o.name: _datatype(o.data_type) for o in cfg.output}
+        # Ragged inputs, batch inputs and batch outputs (host.batch.BatchLayout), as Triton's
+        # libtorch backend: the batch inputs are more arguments of forward.
+        self.layout = batch.BatchLayout.of(cfg)
+        if self.layout is not None:
+            self.input_types.update(self.layout.batch_input_types())
         for kind, table in (("input", self.input_types), ("output", self.output_types)):
             for name, datatype in table.items():
                 tensors.check_datatype(datatype, f"{kind} '{name}' of model '{spec.name}'")
@@ -154,14 +159,14 @@ class PyTorchInstance(Instance):
         return torch.device("cpu")
 
     def execute(self, requests: Sequence[InferenceRequest]) -> list[InferenceResponse]:
-        return batch.run_batched(requests, self.model.batching, self._run)
+        return batch.run_batched(requests, self.model.batching, self._run, self.model.layout)
 
     def _mode(self) -> contextlib.AbstractContextManager:
         return torch.inference_mode() if self.model.inference_mode else torch.no_grad()
 
     def _run(self, group: Sequence[InferenceRequest]) -> dict[str, tuple[str, np.ndarray]]:
         assert self.module is not None
-        arrays = batch.gather(group)
+        arrays = batch.gather(group, self.model.layout)
         try:
             args = [self._tensor(name, arrays[name]) for name in self.input_order if name in arrays]
             with self._mode(), torch.jit.optimized_execution(self.model.optimized):
