@@ -466,20 +466,24 @@ class _Ordered:
         self._queue: deque[_OrderedEntry] = deque()
 
     def add(self, request: InferenceRequest) -> None:
-        entry = _OrderedEntry(request.callback)
+        entry = _OrderedEntry(request)
         with self._lock:
             self._queue.append(entry)
 
         def hold(response: InferenceResponse | None, final: bool) -> None:
             with self._lock:
+                if entry.done:
+                    return  # after its final response: dropped, as the front end would
                 entry.held.append((response, final))
-                if final:  # answered, even while its response waits (execute_batch checks)
+                if final:  # answered, while its response may wait (execute_batch checks this)
                     entry.done = request.completed = True
                 queue = self._queue
                 while queue:
                     head = queue[0]
                     held, head.held = head.held, []
                     for item in held:
+                        if item[1]:
+                            head.request.completed = False  # the front end completes it now
                         head.callback(*item)
                     if not head.done:
                         break
@@ -489,11 +493,11 @@ class _Ordered:
 
 
 class _OrderedEntry:
-    __slots__ = ("callback", "held", "done")
+    __slots__ = ("request", "callback", "held", "done")
 
-    def __init__(self, callback: Callable[[InferenceResponse | None, bool], None] | None) -> None:
-        assert callback is not None
-        self.callback = callback
+    def __init__(self, request: InferenceRequest) -> None:
+        assert request.callback is not None
+        self.request, self.callback = request, request.callback
         self.held: list[tuple[InferenceResponse | None, bool]] = []
         self.done = False
 
