@@ -3,7 +3,8 @@
 Each test reproduces, with small models of its own, one thing a QA test found modelhost doing
 differently from Triton (checked against Triton 2.51 or the sources of Triton's backend utilities,
 BackendInputCollector and BackendOutputResponder):
-- L0_batch_input: `batch_input` and `batch_output` were refused at load. Now an ONNX model gets
+- L0_batch_input: `batch_input` and `batch_output` were refused at load. Now an ONNX or
+  TorchScript model gets
   its ragged input as one flat vector of every request's elements, its batch inputs
   (BATCH_ELEMENT_COUNT, BATCH_ACCUMULATED_ELEMENT_COUNT(_WITH_ZERO),
   BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, BATCH_ITEM_SHAPE(_FLATTEN)) as more model inputs, and a
@@ -97,6 +98,37 @@ def _item_graph() -> onnx.GraphProto:
 def _save(graph: onnx.GraphProto, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+TORCH_CONFIG = """
+backend: "pytorch"
+max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ -1 ] } ]
+batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "INPUT__1"
+                data_type: TYPE_FP32 source_input: "INPUT__0" } ]
+batch_output [ { target_name: "OUTPUT__0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+                 source_input: "INPUT__0" } ]
+dynamic_batching { max_queue_delay_microseconds: 10000000 }
+"""
+
+
+def _save_torch(path: Path) -> bool:
+    """A TorchScript model: OUTPUT__0 = the flat ragged input (scattered back by input shape),
+    OUTPUT__1 = the accumulated counts as a row per request. False without torch."""
+    try:
+        import torch
+    except ImportError:
+        return False
+
+    class Ragged(torch.nn.Module):
+        def forward(self, ragged: torch.Tensor, acc: torch.Tensor):
+            return ragged * 2, acc.reshape(1, -1).repeat(acc.shape[0] - 1, 1)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.script(Ragged()).save(str(path))
+    return True
 
 
 def _batch_input(kind: str, target: str) -> str:
@@ -206,6 +238,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
 
     _save(_ragged_graph(), model("ragged", RAGGED_CONFIG) / "1" / "model.onnx")
     _save(_item_graph(), model("item", ITEM_CONFIG) / "1" / "model.onnx")
+    if not _save_torch(model("torch_ragged", TORCH_CONFIG) / "1" / "model.pt"):
+        (repo / "torch_ragged").rename(root / "torch_ragged")  # no torch: no model
     model("python_ragged", RAGGED_CONFIG.replace('backend: "onnxruntime"', 'backend: "python"')
           .replace("output [", 'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] },', 1)
           .replace('target_name: "RAGGED_OUTPUT"', 'target_name: "OUT"')
@@ -257,6 +291,33 @@ def test_ragged_input_batch_inputs_and_scatter_output(served):
         assert result["MAX_OUTPUT"].shape == (1, 4)  # only the shape tells: the largest count
     stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("ragged")
     assert stats["model_stats"][0]["execution_count"] == 1  # the four shapes shared one execute
+
+
+def test_torchscript_ragged_input_and_batch_input(served):
+    server, _ = served
+    client = httpclient.InferenceServerClient(server.url)
+    if not client.is_model_ready("torch_ragged"):
+        pytest.skip("torch is not installed")
+    sizes = [3, 1, 4, 2]
+    arrays = [np.full([1, n], n, np.float32) for n in sizes]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        for i, array in enumerate(arrays):
+            tensor = grpcclient.InferInput("INPUT__0", list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            client.async_stream_infer("torch_ragged", [tensor], request_id=str(i))
+        results = {}
+        for _ in arrays:
+            result = answers.get(timeout=30)
+            assert not isinstance(result, Exception), result
+            results[int(result.get_response().id)] = result
+    finally:
+        client.stop_stream()
+    for i, array in enumerate(arrays):
+        np.testing.assert_array_equal(results[i].as_numpy("OUTPUT__0"), array * 2)
+        np.testing.assert_array_equal(results[i].as_numpy("OUTPUT__1"), [[0, 3, 4, 8, 10]])
 
 
 def test_batch_item_shape_inputs(served):
