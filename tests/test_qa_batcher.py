@@ -28,6 +28,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,16 +48,16 @@ SOURCES = Path(__file__).resolve().parent / "native"
 FP32 = TensorProto.FLOAT
 
 
-def _value(name: str, rank: int) -> onnx.ValueInfoProto:
+def _value(name: str, rank: int) -> Any:
     return helper.make_tensor_value_info(name, FP32, [None] * rank)
 
 
-def _const(name: str, values: list[int]) -> onnx.NodeProto:
+def _const(name: str, values: list[int]) -> Any:
     return helper.make_node("Constant", [], [name], value=helper.make_tensor(
         name + "_value", TensorProto.INT64, [len(values)], values))
 
 
-def _ragged_graph() -> onnx.GraphProto:
+def _ragged_graph() -> Any:
     """RAGGED_OUTPUT = RAGGED_INPUT (flat); each other <X>_OUTPUT is the batch input <X> as a row,
     repeated once per request (rows = BATCH_ELEMENT_COUNT's length), so that each response
     gets the whole batch input (as Triton's QA model onnx_batch_input does)."""
@@ -77,7 +78,7 @@ def _ragged_graph() -> onnx.GraphProto:
                                          for n in ("COUNT", "ACC", "ACC_ZERO", "MAX")])
 
 
-def _item_graph() -> onnx.GraphProto:
+def _item_graph() -> Any:
     """ITEM_OUTPUT = ITEM (BATCH_ITEM_SHAPE: one row per batch item); FLAT_OUTPUT = FLAT as a row
     repeated per batch item."""
     nodes = [
@@ -95,7 +96,7 @@ def _item_graph() -> onnx.GraphProto:
         [_value("ITEM_OUTPUT", 2), _value("FLAT_OUTPUT", 2)])
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> None:
+def _save(graph: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
 
@@ -376,7 +377,7 @@ def _arrival_order(server: ServerProcess, started: Path,
         tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
         tensor.set_data_from_numpy(np.full([1, 1], seconds, np.float32))
         client.async_infer(started.name, [tensor], callback, request_id=request_id)
-        wait_until(lambda: (started / request_id).exists())
+        wait_until((started / request_id).exists)
     assert done.wait(30)
     for request_id, _ in requests:
         (started / request_id).unlink()
@@ -385,9 +386,9 @@ def _arrival_order(server: ServerProcess, started: Path,
 
 def test_preserve_ordering_with_two_instances(served):
     server, logs = served
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
     for model in ("ordered", "unordered"):  # four requests pass the delay hook together
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        answers: queue.Queue = queue.Queue()
         for i in range(4):
             tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
             tensor.set_data_from_numpy(np.zeros([1, 1], np.float32))
