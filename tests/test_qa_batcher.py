@@ -10,6 +10,10 @@ BackendInputCollector and BackendOutputResponder):
   BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, BATCH_ITEM_SHAPE(_FLATTEN)) as more model inputs, and a
   BATCH_SCATTER_WITH_INPUT_SHAPE output is cut by each request's input shape. A python model
   with batch inputs loads, and its requests hold only the client's inputs (Triton 2.51: the same).
+- L0_infer_reshape / L0_infer_variable: a TorchScript model with TYPE_STRING inputs and outputs
+  was refused at load; as Triton's libtorch backend, it now gets each BYTES input as a
+  `List[str]` (every element, flat) and a `List[str]` output is a 1-D BYTES tensor of the
+  list's length (an output `reshape` applies to it).
 - L0_batcher (preserve_ordering): `dynamic_batching { preserve_ordering: true }` with two
   instances was refused at load; responses now leave in the order their requests were taken.
 - L0_batcher (verify_timestamps.py): the trace of a request a native backend answers from inside
@@ -132,6 +136,27 @@ def _save_torch(path: Path) -> bool:
     return True
 
 
+def _save_torch_strings(path: Path) -> None:
+    """OUTPUT__0: each string upper-cased; OUTPUT__1: the strings in reverse order."""
+    import torch
+
+    class Strings(torch.nn.Module):
+        def forward(self, strings: list[str]) -> tuple[list[str], list[str]]:
+            return [s.upper() for s in strings], strings[::-1]
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.script(Strings()).save(str(path))
+
+
+TORCH_STRINGS_CONFIG = """
+backend: "pytorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ 2, 2 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_STRING dims: [ 2, 2 ] },
+         { name: "OUTPUT__1" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
+
 def _batch_input(kind: str, target: str) -> str:
     return (f'{{ kind: {kind} target_name: "{target}" data_type: TYPE_FP32 '
             'source_input: "RAGGED_INPUT" }')
@@ -239,7 +264,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
 
     _save(_ragged_graph(), model("ragged", RAGGED_CONFIG) / "1" / "model.onnx")
     _save(_item_graph(), model("item", ITEM_CONFIG) / "1" / "model.onnx")
-    if not _save_torch(model("torch_ragged", TORCH_CONFIG) / "1" / "model.pt"):
+    if _save_torch(model("torch_ragged", TORCH_CONFIG) / "1" / "model.pt"):
+        _save_torch_strings(model("torch_strings", TORCH_STRINGS_CONFIG) / "1" / "model.pt")
+    else:
         (repo / "torch_ragged").rename(root / "torch_ragged")  # no torch: no model
     model("python_ragged", RAGGED_CONFIG.replace('backend: "onnxruntime"', 'backend: "python"')
           .replace("output [", 'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] },', 1)
@@ -319,6 +346,20 @@ def test_torchscript_ragged_input_and_batch_input(served):
     for i, array in enumerate(arrays):
         np.testing.assert_array_equal(results[i].as_numpy("OUTPUT__0"), array * 2)
         np.testing.assert_array_equal(results[i].as_numpy("OUTPUT__1"), [[0, 3, 4, 8, 10]])
+
+
+def test_torchscript_string_inputs_and_outputs(served):
+    server, _ = served
+    client = httpclient.InferenceServerClient(server.url)
+    if not client.is_model_ready("torch_strings"):
+        pytest.skip("torch is not installed")
+    words = np.array([[b"ab", b"cd"], [b"ef", b"gh"]], dtype=object)
+    tensor = httpclient.InferInput("INPUT__0", [2, 2], "BYTES")
+    tensor.set_data_from_numpy(words)
+    result = client.infer("torch_strings", [tensor])
+    # as Triton's libtorch backend: the list's length is the shape, whatever the dims say
+    assert result.as_numpy("OUTPUT__0").tolist() == [b"AB", b"CD", b"EF", b"GH"]
+    assert result.as_numpy("OUTPUT__1").tolist() == [b"gh", b"ef", b"cd", b"ab"]
 
 
 def test_batch_item_shape_inputs(served):

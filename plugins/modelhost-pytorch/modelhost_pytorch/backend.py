@@ -178,13 +178,17 @@ class PyTorchInstance(Instance):
             raise InternalError(
                 f"PyTorch execute failure for model '{self.model.spec.name}': {exc}") from None
 
-    def _tensor(self, name: str, data: Any) -> torch.Tensor:
+    def _tensor(self, name: str, data: Any) -> torch.Tensor | list[str]:
         if tensors.on_device(data):
             return tensors.from_device(data, self.device)
-        return tensors.to_torch(self.model.input_types[name], data, self.device)
+        datatype = self.model.input_types[name]
+        if datatype == "BYTES":
+            return tensors.to_strings(data)
+        return tensors.to_torch(datatype, data, self.device)
 
     def _outputs(self, result: Any) -> dict[str, tuple[str, np.ndarray]]:
-        items = [result] if isinstance(result, torch.Tensor) else list(result)
+        # a tensor or a List[str] is one output; a tuple holds one per output (Triton's rules)
+        items = [result] if isinstance(result, (torch.Tensor, list)) else list(result)
         outputs = {}
         for name, position in self.output_order:  # every index first, as Triton checks them
             if position >= len(items):  # Triton's libtorch backend's text and code
@@ -193,7 +197,13 @@ class PyTorchInstance(Instance):
                     f"which doesn't exist. This model has {len(items)} outputs")
         for name, position in self.output_order:
             tensor = items[position]
-            datatype, array = tensors.to_numpy(tensor)
+            if isinstance(tensor, list):
+                if not all(isinstance(v, str) for v in tensor):  # Triton's libtorch text
+                    raise InternalError(
+                        f"output at index {position} must be of type Tensor or List[str]")
+                datatype, array = "BYTES", tensors.from_strings(tensor)
+            else:
+                datatype, array = tensors.to_numpy(tensor)
             want = self.model.output_types[name]
             if datatype != want:  # Triton's libtorch backend's text and code
                 raise InvalidArgumentError(
