@@ -55,10 +55,10 @@ SUPPORT: dict[str, Support] = {
     "input.reshape": _impl("the backend sees the reshaped tensor"),
     "input.is_shape_tensor": _impl("refused at load except for TensorRT models, as Triton does"),
     "input.allow_ragged_batch": _impl("the dynamic and sequence batchers put requests of different "
-                                      "shapes in one "
-                                      "execute of a native backend only where every input that "
-                                      "differs allows it; the python backend gets a list of "
-                                      "requests, framework backends group requests by shape"),
+                                      "shapes in one execute only where every input that differs "
+                                      "allows it; the python backend gets a list of requests, the "
+                                      "onnxruntime and pytorch backends one flat vector of every "
+                                      "request's elements, as Triton's"),
     "input.is_non_linear_format_io": _impl("refused at load except for TensorRT models, as Triton "
                                            "does"),
     "output": _impl("name, data_type, dims: responses are checked against them"),
@@ -66,8 +66,12 @@ SUPPORT: dict[str, Support] = {
     "output.label_filename": _impl("labels of the classification extension"),
     "output.is_shape_tensor": _impl("refused at load except for TensorRT models"),
     "output.is_non_linear_format_io": _impl("refused at load except for TensorRT models"),
-    "batch_input": _refused("batch inputs (ragged batching helpers) are not supported"),
-    "batch_output": _refused("batch outputs are not supported"),
+    "batch_input": _impl("as Triton's backend utilities: the onnxruntime and pytorch backends get "
+                         "them as more model inputs; a native backend computes its own; the "
+                         "python backend ignores them, as Triton's does"),
+    "batch_output": _impl("BATCH_SCATTER_WITH_INPUT_SHAPE in the onnxruntime and pytorch "
+                          "backends; a native backend does its own; the python backend ignores "
+                          "them, as Triton's does"),
     "optimization": _none("backend tuning hints; each sub-field below"),
     "optimization.graph": _impl("onnxruntime's graph optimization level; other backends ignore "
                                 "it, as Triton's do"),
@@ -83,8 +87,8 @@ SUPPORT: dict[str, Support] = {
                                          "is free to run it"),
     "dynamic_batching": _impl(),
     "dynamic_batching.preserve_ordering": _impl(
-        "with one instance requests run and answer in arrival order; refused with more than one "
-        "instance, where executes overlap"),
+        "responses leave in the order the batcher took their requests, as Triton's: with several "
+        "instances a batch that finishes early waits for the batches taken before it"),
     "dynamic_batching.priority_levels": _impl(
         "levels served lowest first; a request's `priority` picks its level (host/queue_policy.py)"),
     "dynamic_batching.default_priority_level": _impl(
@@ -151,6 +155,8 @@ SUPPORT.update({
     **_fields("version_policy", "latest latest.num_versions all specific specific.versions"),
     **_fields("input", "name data_type dims optional reshape.shape"),
     **_fields("output", "name data_type dims reshape.shape"),
+    **_fields("batch_input", "kind target_name data_type source_input"),
+    **_fields("batch_output", "kind target_name source_input"),
     "optimization.graph.level": _impl("onnxruntime"),
     "dynamic_batching.preferred_batch_size": _impl(
         "as Triton's GetDynamicBatch: a preferred size that the queued requests (in order, "
@@ -188,8 +194,6 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
     # the defaults Triton itself fills in are accepted: the library named after the backend,
     # or model.py for a python-based backend
     "runtime": lambda c: c.runtime not in ("", "model.py", f"libtriton_{c.backend}.so"),
-    "batch_input": lambda c: len(c.batch_input) > 0,
-    "batch_output": lambda c: len(c.batch_output) > 0,
     "optimization.execution_accelerators.cpu_execution_accelerator": lambda c: len(
         c.optimization.execution_accelerators.cpu_execution_accelerator) > 0,
     "sequence_batching.state.use_growable_memory": lambda c: any(
@@ -197,14 +201,11 @@ _SET: dict[str, Callable[[ModelConfig], bool]] = {
     "instance_group.secondary_devices": lambda c: any(g.secondary_devices for g in c.instance_group),
     "model_operations": lambda c: len(c.model_operations.op_library_filename) > 0,
     "metric_tags": lambda c: len(c.metric_tags) > 0,
-    "dynamic_batching.preserve_ordering": lambda c: c.dynamic_batching.preserve_ordering and sum(
-        max(g.count, 1) * max(len(g.gpus), 1) for g in c.instance_group) > 1,
     "instance_group.passive": lambda c: bool(c.instance_group) and all(
         g.passive for g in c.instance_group),
 }
 # Why an implemented field is refused in the combination its check above looks for.
 _REASONS = {
-    "dynamic_batching.preserve_ordering": "it is only honoured with a single instance",
     "instance_group.passive": "every instance is passive, so no instance could run a request",
 }
 

@@ -24,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import affinity, bls, supervise
@@ -56,6 +57,10 @@ def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[In
     for r in requests:
         r.exec_start_ns = start
         rows += r.batch_size
+    if model.tracing:  # a response sent from inside execute waits for the compute stamps
+        for r in requests:
+            if r.trace is not None:
+                r.trace.executing = True
     held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
     called = time.perf_counter_ns()
     failure: BaseException | None = None
@@ -213,6 +218,9 @@ class DynamicBatcher:
                  strategy: BatchStrategy | None = None) -> None:
         self.model = model
         self._compatible = compatible  # requests whose keys differ never share an execute
+        # preserve_ordering: responses leave in the order the requests were taken (_Ordered)
+        self._ordered = _Ordered() if queue_config is not None and getattr(
+            queue_config, "preserve_ordering", False) and len(slots) > 1 else None
         self._strategy = strategy  # Triton's custom batching strategy (host.batch_strategy)
         self._forming: _Forming | None = None  # the batch the strategy is asked about (lock held)
         self._instances = list(slots)  # for BLS calls whose callers hold them all (host.bls)
@@ -302,6 +310,9 @@ class DynamicBatcher:
                     self._cond.wait(remaining / 1e9)
                 rejected += queue.expire()
                 batch = self._take(queue, take) if self._strategy is None else self._take_custom(queue)
+                if self._ordered is not None:
+                    for r in batch:
+                        self._ordered.add(r)
                 if queue:
                     self._cond.notify()  # let an idle instance start on what is left
                 return batch
@@ -440,6 +451,55 @@ class DynamicBatcher:
         if self._forming is not None and self._strategy is not None:
             self._strategy.end(self._forming.userp)
             self._forming = None
+
+
+class _Ordered:
+    """preserve_ordering with several instances (Triton's dynamic batcher keeps a completion
+    queue): each request's responses wait until every request taken before it has sent its
+    final response; the oldest unfinished request's responses go out as they come."""
+
+    __slots__ = ("_lock", "_queue")
+
+    def __init__(self) -> None:
+        # Held while delivering, so that two instances finishing together cannot interleave.
+        self._lock = threading.RLock()
+        self._queue: deque[_OrderedEntry] = deque()
+
+    def add(self, request: InferenceRequest) -> None:
+        entry = _OrderedEntry(request)
+        with self._lock:
+            self._queue.append(entry)
+
+        def hold(response: InferenceResponse | None, final: bool) -> None:
+            with self._lock:
+                if entry.done:
+                    return  # after its final response: dropped, as the front end would
+                entry.held.append((response, final))
+                if final:  # answered, while its response may wait (execute_batch checks this)
+                    entry.done = request.completed = True
+                queue = self._queue
+                while queue:
+                    head = queue[0]
+                    held, head.held = head.held, []
+                    for item in held:
+                        if item[1]:
+                            head.request.completed = False  # the front end completes it now
+                        head.callback(*item)
+                    if not head.done:
+                        break
+                    queue.popleft()
+
+        request.callback = hold
+
+
+class _OrderedEntry:
+    __slots__ = ("request", "callback", "held", "done")
+
+    def __init__(self, request: InferenceRequest) -> None:
+        assert request.callback is not None
+        self.request, self.callback = request, request.callback
+        self.held: list[tuple[InferenceResponse | None, bool]] = []
+        self.done = False
 
 
 class _Forming:

@@ -46,14 +46,8 @@ def test_the_support_document_is_up_to_date():
 
 REFUSED_CONFIGS = {
     "runtime": 'runtime: "libtriton_other.so"',
-    "batch_input": 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
-                   'source_input: "INPUT0" } ]',
-    "batch_output": 'batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
-                    'source_input: "INPUT0" } ]',
     "optimization.execution_accelerators.cpu_execution_accelerator":
         'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }',
-    "dynamic_batching.preserve_ordering":
-        "dynamic_batching { preserve_ordering: true } instance_group [ { count: 2 } ]",
     "sequence_batching.state.use_growable_memory":
         'sequence_batching { state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 '
         "dims: [ 1 ] use_growable_memory: true } ] }",
@@ -67,7 +61,7 @@ REFUSED_CONFIGS = {
 
 def test_every_refused_field_has_a_case_here():
     refused = {p for p, s in SUPPORT.items() if s.status == REFUSED}
-    conditional = {"dynamic_batching.preserve_ordering", "instance_group.passive"}
+    conditional = {"instance_group.passive"}
     assert refused | conditional == set(REFUSED_CONFIGS)
 
 

@@ -25,7 +25,7 @@ class Trace:
     """The record of one sampled request: its activities in order, then written or exported."""
 
     __slots__ = ("id", "setting", "model_name", "model_version", "request_id", "stamps",
-                 "tensors", "wall_offset", "compute_open", "parent")
+                 "tensors", "wall_offset", "compute_open", "parent", "executing", "answered_ns", "end_ns")
 
     def __init__(self, setting: TraceSetting, request: InferenceRequest, version: int) -> None:
         self.id = next(_ids)
@@ -40,9 +40,27 @@ class Trace:
         self.wall_offset = time.time_ns() - time.perf_counter_ns()
         self.compute_open = False
         self.parent: Any = None  # a propagated OpenTelemetry context, if the request had one
+        # Set while its execute runs: a final response sent from inside the execute (a native
+        # backend's) ends the trace only once the execute's compute stamps are in (`compute`),
+        # as Triton writes a trace when the backend releases the request.
+        self.executing = False
+        self.answered_ns = self.end_ns = 0
 
     def compute(self, start: int, input_end: int, output_start: int) -> None:
-        """The execute that served the request (called by the scheduler before it responds)."""
+        """The execute that served the request (called by the scheduler after the execute)."""
+        self.executing = False
+        if self.end_ns:  # answered during the execute: the stamps go before the response's
+            answered = self.answered_ns or output_start
+            names = [name for name, _ in self.stamps]
+            at = names.index("INFER_RESPONSE_COMPLETE") if "INFER_RESPONSE_COMPLETE" in names \
+                else len(names)
+            self.stamps[at:at] = [("COMPUTE_START", min(start, answered)),
+                                  ("COMPUTE_INPUT_END", min(input_end, answered)),
+                                  ("COMPUTE_OUTPUT_START", min(output_start, answered)),
+                                  ("COMPUTE_END", answered)]
+            self.stamps.append(("REQUEST_END", self.end_ns))
+            self.setting.finish(self)
+            return
         self.stamps += (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
                         ("COMPUTE_OUTPUT_START", output_start))
         self.compute_open = True
@@ -52,11 +70,16 @@ class Trace:
             self.tensors += (("TENSOR_BACKEND_OUTPUT", t) for t in response.outputs)
         if final:
             now = time.perf_counter_ns()
+            if self.executing:
+                self.answered_ns = now
             if self.compute_open:
                 self.stamps.append(("COMPUTE_END", now))
                 self.compute_open = False
 
     def end(self) -> None:
+        if self.executing:
+            self.end_ns = time.perf_counter_ns()
+            return
         self.stamps.append(("REQUEST_END", time.perf_counter_ns()))
         self.setting.finish(self)
 

@@ -56,6 +56,11 @@ class OnnxModel(Model):
         self.batching = cfg.max_batch_size > 0
         self.input_types = {i.name: _datatype(i.data_type) for i in cfg.input}
         self.output_types = {o.name: _datatype(o.data_type) for o in cfg.output}
+        # Ragged inputs, batch inputs and batch outputs (host.batch.BatchLayout), as Triton's
+        # onnxruntime backend: the batch inputs are more inputs of the ONNX model.
+        self.layout = batch.BatchLayout.of(cfg)
+        if self.layout is not None:
+            self.input_types.update(self.layout.batch_input_types())
         # A sequence model also takes the control inputs and implicit state the host adds to its
         # requests, and produces the next state (host.sequence).
         sequence = cfg.sequence_batching
@@ -83,11 +88,11 @@ class OnnxInstance(Instance):
         self.output_names = list(self.model.output_types)
 
     def execute(self, requests: Sequence[InferenceRequest]) -> list[InferenceResponse]:
-        return batch.run_batched(requests, self.model.batching, self._run)
+        return batch.run_batched(requests, self.model.batching, self._run, self.model.layout)
 
     def _run(self, group: Sequence[InferenceRequest]) -> dict[str, tuple[str, np.ndarray]]:
         assert self.session is not None
-        feeds = {name: self._feed(name, data) for name, data in batch.gather(group).items()}
+        feeds = {name: self._feed(name, data) for name, data in batch.gather(group, self.model.layout).items()}
         try:
             if any(_on_device(v) for v in feeds.values()):
                 results = _run_bound(self.session, feeds, self.output_names, self.spec.device_id)
@@ -213,7 +218,8 @@ def auto_complete(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequen
     # inputs or outputs of the client's (Triton does not list them either).
     sequence = config.sequence_batching
     hidden = ({c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
-              | {s.output_name for s in sequence.state})
+              | {s.output_name for s in sequence.state}
+              | {t for b in config.batch_input for t in b.target_name})  # the batch inputs too
     for kind, listed, args in (("input", config.input, inputs), ("output", config.output, outputs)):
         by_name = {t.name: t for t in listed}
         for arg in args:

@@ -114,6 +114,11 @@ class PyTorchModel(Model):
         self.batching = cfg.max_batch_size > 0
         self.input_types = {i.name: _datatype(i.data_type) for i in cfg.input}
         self.output_types = {o.name: _datatype(o.data_type) for o in cfg.output}
+        # Ragged inputs, batch inputs and batch outputs (host.batch.BatchLayout), as Triton's
+        # libtorch backend: the batch inputs are more arguments of forward.
+        self.layout = batch.BatchLayout.of(cfg)
+        if self.layout is not None:
+            self.input_types.update(self.layout.batch_input_types())
         for kind, table in (("input", self.input_types), ("output", self.output_types)):
             for name, datatype in table.items():
                 tensors.check_datatype(datatype, f"{kind} '{name}' of model '{spec.name}'")
@@ -154,14 +159,14 @@ class PyTorchInstance(Instance):
         return torch.device("cpu")
 
     def execute(self, requests: Sequence[InferenceRequest]) -> list[InferenceResponse]:
-        return batch.run_batched(requests, self.model.batching, self._run)
+        return batch.run_batched(requests, self.model.batching, self._run, self.model.layout)
 
     def _mode(self) -> contextlib.AbstractContextManager:
         return torch.inference_mode() if self.model.inference_mode else torch.no_grad()
 
     def _run(self, group: Sequence[InferenceRequest]) -> dict[str, tuple[str, np.ndarray]]:
         assert self.module is not None
-        arrays = batch.gather(group)
+        arrays = batch.gather(group, self.model.layout)
         try:
             args = [self._tensor(name, arrays[name]) for name in self.input_order if name in arrays]
             with self._mode(), torch.jit.optimized_execution(self.model.optimized):
@@ -173,13 +178,17 @@ class PyTorchInstance(Instance):
             raise InternalError(
                 f"PyTorch execute failure for model '{self.model.spec.name}': {exc}") from None
 
-    def _tensor(self, name: str, data: Any) -> torch.Tensor:
+    def _tensor(self, name: str, data: Any) -> torch.Tensor | list[str]:
         if tensors.on_device(data):
             return tensors.from_device(data, self.device)
-        return tensors.to_torch(self.model.input_types[name], data, self.device)
+        datatype = self.model.input_types[name]
+        if datatype == "BYTES":
+            return tensors.to_strings(data)
+        return tensors.to_torch(datatype, data, self.device)
 
     def _outputs(self, result: Any) -> dict[str, tuple[str, np.ndarray]]:
-        items = [result] if isinstance(result, torch.Tensor) else list(result)
+        # a tensor or a List[str] is one output; a tuple holds one per output (Triton's rules)
+        items = [result] if isinstance(result, (torch.Tensor, list)) else list(result)
         outputs = {}
         for name, position in self.output_order:  # every index first, as Triton checks them
             if position >= len(items):  # Triton's libtorch backend's text and code
@@ -188,7 +197,13 @@ class PyTorchInstance(Instance):
                     f"which doesn't exist. This model has {len(items)} outputs")
         for name, position in self.output_order:
             tensor = items[position]
-            datatype, array = tensors.to_numpy(tensor)
+            if isinstance(tensor, list):
+                if not all(isinstance(v, str) for v in tensor):  # Triton's libtorch text
+                    raise InternalError(
+                        f"output at index {position} must be of type Tensor or List[str]")
+                datatype, array = "BYTES", tensors.from_strings(tensor)
+            else:
+                datatype, array = tensors.to_numpy(tensor)
             want = self.model.output_types[name]
             if datatype != want:  # Triton's libtorch backend's text and code
                 raise InvalidArgumentError(

@@ -8,6 +8,8 @@
 - a CPU output tensor becomes a numpy view of the same memory (`Tensor.numpy()`); a GPU one is
   copied to the host once.
 BF16 has no numpy type of its own in torch: it travels as int16 bits, reinterpreted both ways.
+BYTES (TYPE_STRING) travels as a TorchScript `List[str]`, as in Triton's libtorch backend: every
+element of the batch in one flat list, and an output `List[str]` is a 1-D BYTES tensor.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _TRITON = {v: k for k, v in _TORCH.items()}
 
 
 def check_datatype(datatype: str, what: str) -> None:
-    if datatype not in _TORCH:
+    if datatype not in _TORCH and datatype != "BYTES":
         raise InvalidArgumentError(f"{what} has datatype {datatype}, which the pytorch backend "
                                    f"does not support")
 
@@ -66,3 +68,16 @@ def to_numpy(tensor: torch.Tensor) -> tuple[str, np.ndarray]:
     if datatype == "BF16":
         return datatype, tensor.view(torch.int16).numpy().view(datatypes.to_numpy("BF16"))
     return datatype, tensor.numpy()
+
+
+def to_strings(array: np.ndarray) -> list[str]:
+    """A BYTES input as the `List[str]` Triton's libtorch backend passes: every element, flat."""
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            for v in np.asarray(array, dtype=object).reshape(-1)]
+
+
+def from_strings(items: list) -> np.ndarray:
+    """A `List[str]` output as a 1-D BYTES array."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items]
+    return out
