@@ -133,7 +133,7 @@ class _Worker:
         finally:
             with self.cond:
                 self.running = False
-                if self.busy() or self.batcher._stopping:
+                if self.busy() or self.batcher._stopping or self.retired:
                     self.cond.notify()
 
     def _execute(self, requests: list[InferenceRequest], padding: int) -> None:
