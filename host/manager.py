@@ -254,7 +254,7 @@ class ModelManager:
                                             "any model repository.")
                     self._load(name, None, None, refresh=False)
                 except HostError as exc:
-                    errors[name] = str(exc)
+                    errors[name] = str(exc).rstrip("\n")  # a log line's, without Triton's newline
 
             # Ensembles load last, one by one on this thread: each needs its composing models
             # loaded (and loads those not asked for). The rest loads in parallel
@@ -539,8 +539,10 @@ class ModelManager:
             # version (one that failed an in-place update is still READY, and says so).
             failures = {v: f"{UNAVAILABLE} state: {reason}" for v, reason in entry.failed.items()}
             failures.update((v, f"{READY} state: {reason}") for v, reason in updated.items())
+            # Triton's message ends with a newline (ModelRepositoryManager::LoadModel).
             error = InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
-                f"version {version} is at {what};" for version, what in sorted(failures.items())))
+                f"version {version} is at {what};" for version, what in sorted(failures.items()))
+                + "\n")
             # As Triton (model_lifecycle.cc, OnLoadFinal): a load that fails for one version
             # releases every version it loaded; the versions that served before keep serving.
             for version, mv in new.items():

@@ -199,6 +199,7 @@ def test_failed_update_keeps_the_version_serving(repo, client):
         client.load_model(name)
     assert failure.value.message().startswith(
         f"load failed for model '{name}': version 1 is at READY state: ")
+    assert failure.value.message().endswith(";\n")  # as Triton's, a newline last
     assert "refused to initialize" in failure.value.message()
     assert client.is_model_ready(name)
     _infer(client, name)
