@@ -1,7 +1,9 @@
 """The model manager: repository state, control modes (none, explicit, poll), load and unload.
 
-Repository actions are serialized by one lock; the request path only reads `self._models`
-(a dict swapped by assignment), so a load never blocks inference on other models.
+Repository actions are serialized by one lock, which a load asked for on its own lets go of while
+its versions load (loads of different models run in parallel, as in Triton); loads and unloads of
+one model never overlap (`_claim`). The request path only reads `self._models` (a dict swapped by
+assignment), so a load never blocks inference on other models.
 """
 
 from __future__ import annotations
