@@ -201,6 +201,7 @@ class ModelVersion:
         cfg.ClearField("instance_group")
         cfg.instance_group.extend(new_config.instance_group)
         config_mod.normalize_instance_groups(cfg)
+        config_support.check(cfg)  # nothing in the new groups is silently ignored either
         specs = instance_specs(cfg)
         existing: dict[tuple, list[InstanceSlot]] = {}
         for slot in self._slots:
