@@ -153,6 +153,10 @@ class Backend:
     #: tensors also by value, optional inputs by presence). A backend that takes any mix of
     #: requests may set False: its batches then differ from Triton's (execution counts included).
     equal_shape_batches: bool = True
+    #: Triton's TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading: a model's
+    #: instances may be created and initialized in parallel (host.model; the environment
+    #: variable TRITON_PARALLEL_INSTANCE_LOADING overrides it, as in Triton).
+    parallel_instance_loading: bool = False
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -1,7 +1,9 @@
 """The model manager: repository state, control modes (none, explicit, poll), load and unload.
 
-Repository actions are serialized by one lock; the request path only reads `self._models`
-(a dict swapped by assignment), so a load never blocks inference on other models.
+Repository actions are serialized by one lock, which a load asked for on its own lets go of while
+its versions load (loads of different models run in parallel, as in Triton); loads and unloads of
+one model never overlap (`_claim`). The request path only reads `self._models` (a dict swapped by
+assignment), so a load never blocks inference on other models.
 """
 
 from __future__ import annotations
@@ -121,6 +123,11 @@ class ModelManager:
         self._retired: dict[str, set[int]] = {}
         self._duplicated: dict[str, str] = {}  # names found in several repositories (last scan)
         self._local = threading.local()  # .loading: this thread is inside _locked()
+        # Models a load or unload is working on, by name: (thread, depth). Loads of different
+        # models run in parallel (a load lets go of the repository lock while its versions load,
+        # see _unlocked); loads and unloads of one model run one at a time (_claim).
+        self._busy: dict[str, tuple[int, int]] = {}
+        self._busy_cond = threading.Condition(self._lock)
 
     # --- request path ------------------------------------------------------------------------
     def get(self, name: str, version: int = -1) -> ModelVersion:
@@ -286,7 +293,7 @@ class ModelManager:
                                             "any model repository.")
                     self._load(name, None, None, refresh=False)
                 except HostError as exc:
-                    errors[name] = str(exc)
+                    errors[name] = str(exc).rstrip("\n")  # a log line's, without Triton's newline
 
             # Ensembles load last, one by one on this thread: each needs its composing models
             # loaded (and loads those not asked for). The rest loads in parallel
@@ -334,8 +341,63 @@ class ModelManager:
         for those, so that `unload_dependents` may unload them again); a model that loaded
         brings back the ensembles that went down with it, and re-checks those that use it.
         """
+        outer = not getattr(self._local, "loading", False)
+        free = getattr(self._local, "free", False)
         with self._locked():
-            self._load_locked(name, config_json, override_dir, explicit)
+            with self._claim(name):
+                # Only a load asked for on its own (not one nested in another load, a poll or
+                # load_all) lets go of the repository lock while its versions load.
+                self._local.free = outer
+                try:
+                    self._load_locked(name, config_json, override_dir, explicit)
+                finally:
+                    self._local.free = free
+
+    @contextlib.contextmanager
+    def _claim(self, name: str) -> Iterator[None]:
+        """Wait (lock held; waiting lets go of it) until no other thread loads or unloads
+        `name`, then hold it: as Triton, actions on one model are serialized."""
+        me = threading.get_ident()
+        while True:
+            owner = self._busy.get(name)
+            if owner is None or owner[0] == me:
+                break
+            self._busy_cond.wait()
+        self._busy[name] = (me, (owner[1] if owner else 0) + 1)
+        try:
+            yield
+        finally:
+            ident, depth = self._busy[name]
+            if depth == 1:
+                del self._busy[name]
+                self._busy_cond.notify_all()
+            else:
+                self._busy[name] = (ident, depth - 1)
+
+    @contextlib.contextmanager
+    def _nested(self) -> Iterator[None]:
+        """Loads made inside this one (an ensemble's composing models, the ensembles that use
+        a model just loaded) keep the repository lock."""
+        free = getattr(self._local, "free", False)
+        self._local.free = False
+        try:
+            yield
+        finally:
+            self._local.free = free
+
+    @contextlib.contextmanager
+    def _unlocked(self, allowed: bool = True) -> Iterator[None]:
+        """Let go of the repository lock (every level this thread holds) for the slow part of
+        a load asked for on its own (see load): loads of other models, unloads, the index and
+        polling go on meanwhile; `_claim` keeps others off this model."""
+        if not allowed or not getattr(self._local, "free", False):
+            yield
+            return
+        saved = self._lock._release_save()  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            self._lock._acquire_restore(saved)  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -409,7 +471,8 @@ class ModelManager:
                     raise InvalidArgumentError(
                         f"load failed for model '{name}': {exc.message}\n") from None
                 if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM:
-                    self._deps.load_composing(name, base)
+                    with self._nested():
+                        self._deps.load_composing(name, base)
             except HostError as exc:
                 entry.error = str(exc).rstrip("\n")  # Triton ends some load errors with one
                 entry.poll_failed = exc.poll_failure
@@ -430,7 +493,8 @@ class ModelManager:
             self._deps.loading.remove(name)
         if self._pass is not None:
             self._pass.add(name)
-        self._deps.model_loaded(name)
+        with self._nested():
+            self._deps.model_loaded(name)
 
     def _agents_load(self, entry: ModelEntry, base: model_config_pb2.ModelConfig) -> Any:
         """The LOAD action of the model's repository agents (None when it names none); an
@@ -513,18 +577,36 @@ class ModelManager:
         entry.failed = {}
         entry.known_versions.update(versions)
         unchanged = self._unchanged_key(entry, base)
+        same_but_groups = self._unchanged_key(entry, base, instance_groups=False)
+        updated: dict[int, str] = {}  # versions whose in-place update failed: still serving
         for version in versions:
             old = entry.versions.get(version)
-            key = (unchanged, repository.version_fingerprint(entry.location.path, version)) \
+            files = repository.version_fingerprint(entry.location.path, version) \
                 if unchanged and entry.location is not None else None
+            key = (unchanged, files) if files is not None else None
             if key is not None and old is not None and old.state == READY and old.reload_key == key:
                 # As Triton (model_lifecycle.cc, AsyncLoad): a serving version whose files and
                 # configuration did not change is not loaded again.
                 new[version] = old
                 continue
+            if key is not None and old is not None and old.state == READY \
+                    and old.update_key == (same_but_groups, files):
+                # As Triton (ModelLifeCycle::UpdateModelConfig): only the instance groups
+                # changed: the serving version takes them in place, and keeps serving.
+                log.log(VERBOSE_2, "UpdateModelConfig() '%s' version %d", entry.name, version)
+                new[version] = old
+                try:
+                    with self._unlocked(bool(unchanged)):
+                        old.update_instances(base)
+                    old.reload_key = key
+                except HostError as exc:
+                    updated[version] = state_reason(exc)
+                continue
             try:
-                new[version] = mv = self._load_version(entry, copy.deepcopy(base), version)
+                with self._unlocked(bool(unchanged)):
+                    new[version] = mv = self._load_version(entry, copy.deepcopy(base), version)
                 mv.reload_key = key
+                mv.update_key = (same_but_groups, files) if files is not None else None
             except HostError as exc:
                 entry.failed[version] = state_reason(exc)
                 self._notify(entry.name, version, UNAVAILABLE, str(exc))
@@ -532,11 +614,15 @@ class ModelManager:
                 if old is not None and old.state == READY:
                     new[version] = old  # a failed reload keeps the version that was serving
         old_versions = entry.versions
-        if entry.failed:
-            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed version.
+        if entry.failed or updated:
+            # Triton's answer (model_repository_manager.cc): INVALID_ARG, naming each failed
+            # version (one that failed an in-place update is still READY, and says so).
+            failures = {v: f"{UNAVAILABLE} state: {reason}" for v, reason in entry.failed.items()}
+            failures.update((v, f"{READY} state: {reason}") for v, reason in updated.items())
+            # Triton's message ends with a newline (ModelRepositoryManager::LoadModel).
             error = InvalidArgumentError(f"load failed for model '{entry.name}': " + "".join(
-                f"version {version} is at {UNAVAILABLE} state: {reason};"
-                for version, reason in sorted(entry.failed.items())))
+                f"version {version} is at {what};" for version, what in sorted(failures.items()))
+                + "\n")
             # As Triton (model_lifecycle.cc, OnLoadFinal): a load that fails for one version
             # releases every version it loaded; the versions that served before keep serving.
             for version, mv in new.items():
@@ -549,12 +635,23 @@ class ModelManager:
                               if new.get(version) is not mv)
 
     @staticmethod
-    def _unchanged_key(entry: ModelEntry, base: model_config_pb2.ModelConfig) -> bytes:
-        """The configuration as a reload compares it (its version policy aside); empty for an
-        ensemble, which Triton always loads again."""
+    def _unchanged_key(entry: ModelEntry, base: model_config_pb2.ModelConfig,
+                       instance_groups: bool = True) -> bytes:
+        """The configuration as a reload compares it (its version policy aside; its instance
+        groups too with `instance_groups` False, as Triton's ConfigChangeRequiresReload); empty
+        for an ensemble, which Triton always loads again. Compared normalized (defaults filled
+        in), so that a config given to the load API as the server answered it (get_model_config)
+        equals the file it came from."""
         if config_mod.backend_for(base) == config_mod.ENSEMBLE_PLATFORM or entry.location is None:
             return b""
         cfg = copy.deepcopy(base)
+        if not instance_groups:
+            try:
+                config_mod.normalize_config(cfg, entry.name, validate_io=False,
+                                            validate_groups=False)
+            except HostError:  # the load reports it
+                cfg = copy.deepcopy(base)
+            cfg.ClearField("instance_group")
         cfg.ClearField("version_policy")
         return str(entry.location.path).encode() + b"\0" + cfg.SerializeToString(deterministic=True)
 
@@ -634,7 +731,7 @@ class ModelManager:
         """Unload every version of a model; waits at most `unload_wait` seconds for their
         requests in flight, and never while holding the repository lock, so that a model stuck
         in execute freezes neither the caller nor loads, unloads, the index or polling."""
-        with self._lock:
+        with self._lock, self._claim(name):  # after a load of it under way, as Triton
             pending = self._unload_entry(name, unload_dependents)
             if getattr(self._local, "loading", False):
                 # Nested in a load on this thread (a python model's `initialize` unloading a
@@ -682,6 +779,9 @@ class ModelManager:
 
     def unload_all(self) -> None:
         with self._lock:
+            # loads under way finish first (a bounded time: a load stuck in a model's
+            # initialize must not hold the exit up)
+            self._busy_cond.wait_for(lambda: not self._busy, self.unload_wait)
             pending = [t for name in list(self._models) for t in self._unload_entry(name)]
         self._wait_unloaded(pending)
 

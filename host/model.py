@@ -6,11 +6,15 @@ any initialize finalizes whatever was already initialized (in reverse order) and
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from host import batch, batch_strategy, classification, config_support, warmup
+from host import config as config_mod
 from host.backend import InstanceSpec, Model, ModelSpec
 from host.errors import InvalidArgumentError, UnavailableError
 from host.proto import model_config_pb2
@@ -33,20 +37,42 @@ _KIND = {v: model_config_pb2.ModelInstanceGroup.Kind.Name(v)[5:]
 
 
 def instance_specs(config: model_config_pb2.ModelConfig) -> list[InstanceSpec]:
-    """Every instance of every instance group, named `<group>_<n>` as Triton names them."""
+    """Every instance of every instance group, named `<group>_<n>` as Triton names them.
+
+    `extra["signature"]`: what an in-place update of the instance groups compares to keep an
+    instance (Triton's TritonModelInstance::Signature): its group's configuration, name and
+    count aside, and its device."""
     specs = []
     for group in config.instance_group:
         kind = _KIND[group.kind]
         devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+        normalized = copy.deepcopy(group)
+        normalized.name, normalized.count = "", 1
+        signature = normalized.SerializeToString(deterministic=True)
         n = 0
         for device in devices:
             for _ in range(max(group.count, 1)):
                 specs.append(InstanceSpec(name=f"{group.name}_{n}", kind=kind, device_id=device,
                                           group=group.name, host_policy=group.host_policy,
                                           extra={"passive": group.passive,
-                                                 "rate_limiter": group.rate_limiter}))
+                                                 "rate_limiter": group.rate_limiter,
+                                                 "signature": (signature, device)}))
                 n += 1
     return specs
+
+
+def _parallel_loading(backend: Backend, model: Model) -> bool:
+    """Whether a model's instances are created in parallel: the backend model's say if it has
+    one (`parallel_instance_loading`), else the backend's attribute (Triton's
+    TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading); Triton's override
+    TRITON_PARALLEL_INSTANCE_LOADING ("1" on, anything else off) wins."""
+    env = os.environ.get("TRITON_PARALLEL_INSTANCE_LOADING", "")
+    if env:
+        return env == "1"
+    own = getattr(model, "parallel_instance_loading", None)
+    if own is not None:
+        return bool(own)
+    return bool(getattr(backend, "parallel_instance_loading", False))
 
 
 class ModelVersion:
@@ -64,6 +90,11 @@ class ModelVersion:
         self._model: Model | None = None
         self._strategy: BatchStrategy | None = None  # a custom batching strategy (load)
         self._slots: list[InstanceSlot] = []
+        # Instances an in-place update removed whose scheduler still runs them (a sequence
+        # batcher's instance with sequences in flight): finalized when it lets them go.
+        self._retiring: list[InstanceSlot] = []
+        self._slots_lock = threading.Lock()  # who takes a retiring instance out finalizes it
+        self._backend: Backend | None = None
         # host.rate_limiter.RateLimiter with --rate-limit=execution_count (set by the manager)
         self.rate_limiter: RateLimiter | None = None
         self.scheduler: DirectScheduler | DynamicBatcher | SequenceBatcher | None = None
@@ -79,6 +110,9 @@ class ModelVersion:
         self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
         # What a reload compares to load it again or keep it serving (host.manager, _load_versions).
         self.reload_key: tuple | None = None
+        # The same, its instance groups aside: equal, the version takes new instance groups in
+        # place (update_instances) instead of loading again.
+        self.update_key: tuple | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def load(self, backend: Backend) -> None:
@@ -99,25 +133,133 @@ class ModelVersion:
                          library, self.name)
                 load_strategy = getattr(self._model, "load_batch_strategy", None)
                 self._strategy = (load_strategy or Model(self.spec).load_batch_strategy)(library)
-            for ispec in instance_specs(self.config):
-                if ispec.kind not in backend.supported_instance_kinds:
-                    raise InvalidArgumentError(
-                        f"backend '{backend.name}' does not support instance kind KIND_{ispec.kind} "
-                        f"(instance '{ispec.name}')")
-                instance = self._model.create_instance(ispec)
-                instance.initialize()
-                slot = InstanceSlot(ispec, instance)
-                self._slots.append(slot)
-                if self.rate_limiter is not None:  # may refuse the resources, with Triton's texts
-                    self.rate_limiter.add_instance(slot, ispec.extra["rate_limiter"], ispec.device_id)
-                if self.config.model_warmup:  # on each instance before it serves, as in Triton
-                    warmup.run(self, slot)
+            self._backend = backend
+            self._add_instances(backend, instance_specs(self.config), self._slots)
             # may refuse the queue policy, or an implicit state's initial value
             self.scheduler = self._make_scheduler()
         except BaseException:
             self._finalize()
             raise
         self.state = READY
+
+    def _add_instances(self, backend: Backend, specs: list[InstanceSpec],
+                       into: list[InstanceSlot]) -> None:
+        """Create and initialize the instances of `specs` (in parallel where the backend allows
+        it, as Triton), register them with the rate limiter and warm them up; each is appended
+        to `into` as soon as it exists, so that a failure finalizes what was made (the caller's
+        job). Raises the last failure, as Triton's PrepareInstances."""
+        for ispec in specs:
+            if ispec.kind not in backend.supported_instance_kinds:
+                raise InvalidArgumentError(
+                    f"backend '{backend.name}' does not support instance kind KIND_{ispec.kind} "
+                    f"(instance '{ispec.name}')")
+        assert self._model is not None
+        model = self._model
+        made: list[InstanceSlot | None] = [None] * len(specs)
+
+        def create(n: int) -> None:
+            instance = model.create_instance(specs[n])
+            instance.initialize()
+            made[n] = InstanceSlot(specs[n], instance)
+
+        def ready(slot: InstanceSlot) -> None:
+            if self.rate_limiter is not None:  # may refuse the resources, with Triton's texts
+                self.rate_limiter.add_instance(slot, slot.spec.extra["rate_limiter"],
+                                               slot.spec.device_id)
+            if self.config.model_warmup:  # on each instance before it serves, as in Triton
+                warmup.run(self, slot)
+
+        if len(specs) < 2 or not _parallel_loading(backend, model):
+            for n in range(len(specs)):
+                create(n)
+                slot = made[n]
+                assert slot is not None
+                into.append(slot)
+                ready(slot)
+            return
+        failure: BaseException | None = None
+        with ThreadPoolExecutor(len(specs), thread_name_prefix=f"instance-load-{self.name}") as pool:
+            for future in [pool.submit(create, n) for n in range(len(specs))]:
+                exc = future.exception()
+                if exc is not None:
+                    log.error("ERROR: Failed to create instance: %s", exc)
+                    failure = exc
+        created = [slot for slot in made if slot is not None]
+        into.extend(created)
+        if failure is not None:
+            raise failure
+        for slot in created:
+            ready(slot)
+
+    def update_instances(self, new_config: model_config_pb2.ModelConfig) -> None:
+        """Triton's in-place update (TritonModel::UpdateInstanceGroup): the version takes the
+        instance groups of `new_config` while it serves. An instance whose group is unchanged
+        (name and count aside, same device) is kept; the others are created, and those left
+        over removed once idle (a sequence's instance when its sequences end). A failure leaves
+        the version as it was."""
+        cfg = copy.deepcopy(self.config)
+        cfg.ClearField("instance_group")
+        cfg.instance_group.extend(new_config.instance_group)
+        config_mod.normalize_instance_groups(cfg)
+        config_support.check(cfg)  # nothing in the new groups is silently ignored either
+        specs = instance_specs(cfg)
+        existing: dict[tuple, list[InstanceSlot]] = {}
+        for slot in self._slots:
+            existing.setdefault(slot.spec.extra["signature"], []).append(slot)
+        plan: list[InstanceSlot | InstanceSpec] = []
+        for ispec in specs:
+            reusable = existing.get(ispec.extra["signature"])
+            if reusable:
+                plan.append(reusable.pop(0))
+            else:
+                plan.append(ispec)
+        removed = [slot for slots in existing.values() for slot in slots]
+        creating = [p for p in plan if isinstance(p, InstanceSpec)]
+        if not creating and not removed:
+            self._set_groups(cfg)
+            return
+        assert self._backend is not None
+        added: list[InstanceSlot] = []
+        try:
+            self._add_instances(self._backend, creating, added)
+        except BaseException:
+            for slot in reversed(added):
+                self._finalize_instance(slot)
+            raise
+        made = iter(added)
+        slots = [p if isinstance(p, InstanceSlot) else next(made) for p in plan]
+        with self._slots_lock:
+            self._slots = slots
+            self._retiring.extend(removed)
+        self._set_groups(cfg)
+        scheduler = self.scheduler
+        if scheduler is not None:
+            scheduler.update([s for s in added if not s.spec.extra.get("passive")],
+                             [s for s in removed if not s.spec.extra.get("passive")],
+                             self._retire)
+        for slot in reversed(removed):
+            if slot.spec.extra.get("passive"):  # never scheduled
+                self._retire(slot)
+
+    def _set_groups(self, cfg: model_config_pb2.ModelConfig) -> None:
+        self.config.ClearField("instance_group")
+        self.config.instance_group.extend(cfg.instance_group)
+
+    def _retire(self, slot: InstanceSlot) -> None:
+        """An instance an update removed is out of its scheduler: finalize it (once)."""
+        with self._slots_lock:
+            if slot not in self._retiring:
+                return
+            self._retiring.remove(slot)
+        self._finalize_instance(slot)
+
+    def _finalize_instance(self, slot: InstanceSlot) -> None:
+        if self.rate_limiter is not None:
+            self.rate_limiter.remove_instance(slot)
+        try:
+            slot.instance.finalize()
+        except Exception:
+            log.exception("finalize of instance '%s' failed", slot.spec.name)
 
     def _make_scheduler(self) -> DirectScheduler | DynamicBatcher | SequenceBatcher:
         cfg = self.config
@@ -167,14 +309,11 @@ class ModelVersion:
             except Exception:
                 log.exception("finalize of the batching strategy of model '%s' failed", self.name)
             self._strategy = None
-        while self._slots:
-            slot = self._slots.pop()
-            if self.rate_limiter is not None:
-                self.rate_limiter.remove_instance(slot)
-            try:
-                slot.instance.finalize()
-            except Exception:
-                log.exception("finalize of instance '%s' failed", slot.spec.name)
+        with self._slots_lock:
+            slots, self._slots = self._slots + self._retiring, []
+            self._retiring = []
+        while slots:
+            self._finalize_instance(slots.pop())
         if self._model is not None:
             try:
                 self._model.finalize()

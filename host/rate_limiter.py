@@ -97,6 +97,7 @@ class RateLimiter:
                 del self._instances[slot]
                 self._available = self._limits()
                 raise
+            self._log_limits()
 
     def remove_instance(self, slot: Any) -> None:
         with self._cond:
@@ -107,8 +108,22 @@ class RateLimiter:
                 instance.staged = False
                 instance.granted = True  # a waiter (none is expected: unload waits) goes on
                 self._available = self._limits()
+                self._log_limits()
                 self._allocate()
                 self._cond.notify_all()
+
+    def _log_limits(self) -> None:
+        """Triton's verbose trace of the resource limits after an instance came or went (its
+        ParseAndValidateResources, lock held)."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        text = "\nMax Resource Map===>\n"
+        for key, resources in self._available.items():
+            if resources:
+                text += f"\tDevice: {'GLOBAL' if key == GLOBAL else key}\n"
+                for name, count in resources.items():
+                    text += f"\t\tResource: {name}\t Count: {count}\n"
+        log.debug("%s", text)
 
     def _limits(self) -> ResourceMap:
         """The units of each resource (lock held): the largest need of any instance, or the

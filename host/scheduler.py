@@ -168,17 +168,17 @@ class DirectScheduler:
         self._slots = len(slots)
         for slot in slots:
             self._free.put(slot)
+        # Instances an update removes (update): taken out of the free queue as they come back.
+        self._retiring: set[InstanceSlot] = set()
+        self._collected: set[InstanceSlot] = set()
+        self._retire_cond = threading.Condition()
 
     def submit(self, request: InferenceRequest) -> None:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
-        slot: InstanceSlot | None
-        try:
-            slot = self._free.get_nowait()
-        except queue.Empty:
-            slot = self._wait_for_instance(request)
-            if slot is None:
-                return
+        slot = self._take(request)
+        if slot is None:
+            return
         try:
             if request.is_cancelled():
                 _fail([request], CancelledError("request was cancelled"))
@@ -186,6 +186,24 @@ class DirectScheduler:
                 execute_batch(self.model, slot, [request])
         finally:
             self._free.put(slot)
+
+    def _take(self, request: InferenceRequest) -> InstanceSlot | None:
+        slot: InstanceSlot | None
+        while True:
+            try:
+                slot = self._free.get_nowait()
+            except queue.Empty:
+                slot = self._wait_for_instance(request)
+                if slot is None:
+                    return None
+            if not self._retiring or slot not in self._retiring:
+                return slot
+            self._collect(slot)
+
+    def _collect(self, slot: InstanceSlot) -> None:
+        with self._retire_cond:
+            self._collected.add(slot)
+            self._retire_cond.notify_all()
 
     def _wait_for_instance(self, request: InferenceRequest) -> InstanceSlot | None:
         """Every instance is busy: wait, but leave when the client gives up (cancel, deadline),
@@ -197,6 +215,37 @@ class DirectScheduler:
                 if request.is_cancelled():
                     _fail([request], CancelledError("request was cancelled"))
                     return None
+
+    def update(self, added: list[InstanceSlot], removed: list[InstanceSlot],
+               retire: Callable[[InstanceSlot], None]) -> None:
+        """An in-place update of the model's instances (host.model): the added ones serve at
+        once; each removed one is handed to `retire` once its execute in flight is over."""
+        for slot in added:
+            self._free.put(slot)
+        self._instances = [s for s in self._instances if s not in removed] + list(added)
+        self._slots += len(added) - len(removed)
+        if not removed:
+            return
+        gone = set(removed)
+        with self._retire_cond:
+            self._retiring |= gone
+        while True:
+            with self._retire_cond:
+                if gone <= self._collected:
+                    break
+            try:  # an idle one waits in the free queue: take it out (others go back)
+                slot = self._free.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if slot in gone:
+                self._collect(slot)
+            else:
+                self._free.put(slot)
+        with self._retire_cond:
+            self._retiring -= gone
+            self._collected -= gone
+        for slot in removed:
+            retire(slot)
 
     def pending(self) -> int:
         """Requests waiting for a free instance (nv_inference_pending_request_count): those in
@@ -237,8 +286,10 @@ class DynamicBatcher:
         self._cond = threading.Condition(lock)
         self._reaper_cond = threading.Condition(lock)  # wakes the timeout reaper only
         self._stopping = False
-        self._threads = [threading.Thread(target=self._run, args=(slot,), daemon=True,
-                                          name=f"batcher-{slot.spec.name}") for slot in slots]
+        self._retiring: set[InstanceSlot] = set()  # their threads end (update)
+        self._by_slot = {slot: threading.Thread(target=self._run, args=(slot,), daemon=True,
+                                                name=f"batcher-{slot.spec.name}") for slot in slots}
+        self._threads = list(self._by_slot.values())
         if self._queue.has_timeouts:
             # Expired requests are rejected on time even while every instance is busy.
             self._threads.append(threading.Thread(target=self._reap, daemon=True,
@@ -267,10 +318,32 @@ class DynamicBatcher:
                 self._cond.notify_all()  # what is left may make a batch now (or delayed ones moved)
             _fail(rejected, timeout_expired())
 
+    def update(self, added: list[InstanceSlot], removed: list[InstanceSlot],
+               retire: Callable[[InstanceSlot], None]) -> None:
+        """An in-place update of the model's instances (host.model): a thread starts for each
+        added one; the thread of each removed one ends after its batch in flight, and the
+        instance is handed to `retire`."""
+        with self._cond:
+            self._instances = [s for s in self._instances if s not in removed] + list(added)
+            self._retiring.update(removed)
+            self._cond.notify_all()
+        for slot in added:
+            thread = self._by_slot[slot] = threading.Thread(
+                target=self._run, args=(slot,), daemon=True, name=f"batcher-{slot.spec.name}")
+            self._threads.append(thread)
+            thread.start()
+        for slot in removed:
+            thread = self._by_slot.pop(slot)
+            thread.join()
+            self._threads.remove(thread)
+            with self._cond:
+                self._retiring.discard(slot)
+            retire(slot)
+
     def _run(self, slot: InstanceSlot) -> None:
         affinity.pin()  # it hands the GIL to the front end's threads: same CPU (host.affinity)
         while True:
-            batch = self._next_batch()
+            batch = self._next_batch(slot)
             if batch is None:
                 return
             try:
@@ -282,13 +355,18 @@ class DynamicBatcher:
                 log.error("model '%s': batch failed", self.model.name, exc_info=exc)
                 _fail(batch, InternalError(f"{type(exc).__name__}: {exc}"))
 
-    def _next_batch(self) -> list[InferenceRequest] | None:
+    def _next_batch(self, slot: InstanceSlot) -> list[InferenceRequest] | None:
         rejected: list[InferenceRequest] = []
         try:
             with self._cond:
                 queue = self._queue
-                while not queue or (self._delay_count and len(queue) < self._delay_count
-                                    and not self._stopping):
+                while True:
+                    if self._retiring and slot in self._retiring:
+                        self._cond.notify()  # a wake-up meant for a thread that serves
+                        return None
+                    if queue and not (self._delay_count and len(queue) < self._delay_count
+                                      and not self._stopping):
+                        break
                     if self._stopping:
                         return None
                     self._cond.wait(0.01 if self._delay_count else None)

@@ -15,7 +15,8 @@ One module per concern; this package re-exports the public names:
 - `validate`: Triton's checks and messages.
 """
 
-from host.config.autocomplete import SEQUENCE_IDLE_DEFAULT_MICROSECONDS, normalize_config
+from host.config.autocomplete import (SEQUENCE_IDLE_DEFAULT_MICROSECONDS, normalize_config,
+                                      normalize_instance_groups)
 from host.config.parse import (CONFIG_FILENAME, config_from_json, config_to_json, load_config_file,
                                parse_config_text)
 from host.config.platforms import (ENSEMBLE_PLATFORM, KNOWN_BACKENDS, MODEL_FILES, PLATFORM_BACKENDS,
@@ -27,5 +28,6 @@ __all__ = [
     "CONFIG_FILENAME", "ENSEMBLE_PLATFORM", "KNOWN_BACKENDS", "MODEL_FILES", "PLATFORM_BACKENDS",
     "SEQUENCE_IDLE_DEFAULT_MICROSECONDS", "backend_for", "config_from_json", "config_to_json",
     "default_policy", "infer_backend", "instance_kind_name", "load_config_file", "normalize_config",
+    "normalize_instance_groups",
     "parse_config_text", "select_versions", "validate_io_config",
 ]

@@ -162,6 +162,13 @@ def _fill_defaults(cfg: ModelConfig) -> None:
             cfg.optimization.output_pinned_memory.enable = True
 
 
+def normalize_instance_groups(cfg: ModelConfig) -> None:
+    """Triton's NormalizeInstanceGroup then ValidateInstanceGroup, alone (an in-place update of
+    a loaded model's instance groups: TritonModel::UpdateInstanceGroup)."""
+    _normalize_instance_groups(cfg)
+    _validate_instance_groups(cfg)
+
+
 def _normalize_instance_groups(cfg: ModelConfig) -> None:
     """Triton's NormalizeInstanceGroup (host.devices: the GPUs here; ensembles have no instances)."""
     if cfg.HasField("ensemble_scheduling"):

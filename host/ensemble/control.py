@@ -11,6 +11,7 @@ used. Everything here runs under the manager's lock, from its load and unload pa
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from host.ensemble.model import EnsembleVersion
@@ -32,7 +33,16 @@ class CycleError(InvalidArgumentError):
 class Dependencies:
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
-        self.loading: list[str] = []  # models being loaded, outermost first (cycles)
+        self._chains = threading.local()
+
+    @property
+    def loading(self) -> list[str]:
+        """The models this thread is loading, outermost first (cycles). Per thread: loads of
+        different models run in parallel (host.manager), each with its own chain."""
+        chain = getattr(self._chains, "names", None)
+        if chain is None:
+            chain = self._chains.names = []
+        return chain
 
     def load_composing(self, name: str, cfg: model_config_pb2.ModelConfig) -> None:
         """Load what ensemble `name` needs that is not loaded yet, with Triton's errors."""

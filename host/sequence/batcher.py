@@ -105,6 +105,7 @@ class _Worker:
         # An execute on this instance is under way (by the worker thread or by a submitting
         # thread, see SequenceBatcher.submit): the other waits. Read and set with the lock.
         self.running = False
+        self.retired = False  # an update removed the instance: it ends once its slots are free
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"sequence-{instance.spec.name}")
 
@@ -118,9 +119,11 @@ class _Worker:
             with self.cond:
                 batch = batcher._next_batch(self)
                 if batch is None:
-                    return
+                    break
                 self.running = True
             self.run_batch(*batch)
+        if self.retired:
+            batcher._retired(self)
 
     def run_batch(self, requests: list[InferenceRequest], padding: int) -> None:
         """Execute a batch taken (with the lock) by whichever thread set `running`; then let the
@@ -130,7 +133,7 @@ class _Worker:
         finally:
             with self.cond:
                 self.running = False
-                if self.busy() or self.batcher._stopping:
+                if self.busy() or self.batcher._stopping or self.retired:
                     self.cond.notify()
 
     def _execute(self, requests: list[InferenceRequest], padding: int) -> None:
@@ -195,6 +198,9 @@ class SequenceBatcher:
         self._sequences: dict[int | str, _Sequence] = {}  # started, END not yet received
         self._backlog: collections.deque[_Sequence] = collections.deque()
         self._stopping = False
+        self._slots_per = slots
+        self._retire: Callable[[InstanceSlot], None] | None = None  # set by update
+        self._retired_workers: list[_Worker] = []  # removed by an update, not ended yet
         self.workers = [_Worker(self, i, slots, self.states) for i in instances]
         # Free slots: a heap, the lowest slot index first (then the first instance), as Triton's
         # ready-slot priority queue: a new sequence takes row 0 of an idle instance, never a row
@@ -279,6 +285,9 @@ class SequenceBatcher:
         if sequence is not None:
             sequence.slot = None
         slot.sequence = None
+        if slot.worker.retired:  # its instance was removed: it ends once every slot is free
+            slot.worker.cond.notify()
+            return
         if self._backlog:
             self._assign(self._backlog.popleft(), slot)
         else:
@@ -289,6 +298,9 @@ class SequenceBatcher:
         cond = worker.cond
         while True:
             if self._stopping and not worker.busy() and not worker.running:
+                return None
+            if worker.retired and not worker.running \
+                    and all(s.sequence is None for s in worker.slots):
                 return None
             if worker.running:  # a submitting thread is executing on this instance
                 cond.wait()
@@ -499,6 +511,44 @@ class SequenceBatcher:
         self._reaper_cond.wait(max(wait, 1_000_000) / 1e9)
         return expired
 
+    # --- in-place update of the instances (host.model) -------------------------------------------
+    def update(self, added: list[InstanceSlot], removed: list[InstanceSlot],
+               retire: Callable[[InstanceSlot], None]) -> None:
+        """Added instances take new sequences at once (the backlog's first). A removed instance
+        takes no new sequence; it is handed to `retire` when the sequences it holds end (at
+        once when it holds none: this waits for that)."""
+        self._retire = retire
+        idle: list[_Worker] = []
+        with self.lock:
+            gone = [w for w in self.workers if w.instance in removed]
+            for worker in gone:
+                worker.retired = True
+                self._retired_workers.append(worker)
+                if all(s.sequence is None for s in worker.slots):
+                    idle.append(worker)
+                worker.cond.notify()
+            fresh = [_Worker(self, i, self._slots_per, self.states) for i in added]
+            self.workers = [w for w in self.workers if not w.retired] + fresh
+            self._free = [(index, self.workers.index(slot.worker), slot)
+                          for index, _, slot in self._free if not slot.worker.retired]
+            self._free.extend((i, self.workers.index(w), w.slots[i])
+                              for i in range(self._slots_per) for w in fresh)
+            heapq.heapify(self._free)
+            while self._backlog and self._free:
+                self._assign(self._backlog.popleft(), heapq.heappop(self._free)[2])
+        for worker in fresh:
+            worker.thread.start()
+        for worker in idle:
+            worker.thread.join()
+
+    def _retired(self, worker: _Worker) -> None:
+        """A removed instance's worker ended (its thread)."""
+        with self.lock:
+            if worker in self._retired_workers:
+                self._retired_workers.remove(worker)
+        if self._retire is not None:
+            self._retire(worker.instance)
+
     # --- stop ------------------------------------------------------------------------------
     def stop(self) -> None:
         with self.lock:
@@ -511,7 +561,9 @@ class SequenceBatcher:
                     request.respond(InferenceResponse(error=UnavailableError(
                         f"model '{self.name}' is unloading")), True)
             self._backlog.clear()
-        for w in self.workers:
+            for w in self._retired_workers:
+                w.cond.notify_all()
+        for w in self.workers + list(self._retired_workers):
             w.thread.join()
         self._reaper.join()
 

@@ -438,6 +438,7 @@ class PythonBackend(Backend):
     `backend_model` set: every model using it runs that file (host.backends_pool)."""
 
     backend_model: Path | None = None
+    parallel_instance_loading = True  # as Triton's python backend (see PythonModel)
 
     def initialize(self) -> None:
         settings.check(self.config)  # --backend-config python,...
@@ -500,6 +501,15 @@ class PythonModel(Model):
             check_env_archive(execution_env_path(self.spec.path, env.string_value))
         cfg = self.spec.config
         self.output_names = [o.name for o in cfg.output]
+
+    @property
+    def parallel_instance_loading(self) -> bool:
+        """As Triton's python backend, instances load in parallel, each in its own process
+        (EXECUTION_MODE "process"). In this process (the default "thread" mode) they load one
+        after the other: models count their instances in files under POSIX locks (fcntl), which
+        keep processes apart, not threads (TRITON_PARALLEL_INSTANCE_LOADING=1 forces it)."""
+        return (settings.execution_mode(self.spec, self.backend_settings) == "process"
+                and self.backend_model is None)
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
         check_stub_name(spec.name)
