@@ -1,0 +1,229 @@
+"""Shutting down as Triton does (its main.cc, http_server.cc, grpc_server.cc and core server.cc;
+Triton's QA L0_lifecycle `test_shutdown_*` cases), and what its gRPC front end answers for the
+methods it does not serve.
+
+On SIGINT/SIGTERM, within one exit timeout (--exit-timeout-secs) shared by the stages:
+- HTTP: a new connection is closed at once; the open ones, idle keep-alive ones included, are
+  served until their clients close them ("Timeout N: Found M HTTP service connections");
+- gRPC: no new connection or call; the inference calls under way finish ("Timeout N: Found M
+  gRPC service connections and inference handlers");
+- the models: "Waiting for in-flight requests to complete.", a line a second while versions
+  have inferences in flight (a sequence counts until its END or its idle timeout), then "All
+  models are stopped, unloading models" and the unloads; "Exit timeout expired. Exiting
+  immediately." when the time runs out first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from host.testing import ServerProcess, wait_until
+
+pytestmark = [pytest.mark.timeout(120)]
+
+GATED_MODEL = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = args["model_repository"]
+
+    def execute(self, requests):
+        open(os.path.join(self.dir, "started"), "a").close()
+        while not os.path.exists(os.path.join(self.dir, "gate")):
+            time.sleep(0.02)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+
+GATED_CONFIG = '''
+name: "gated"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+'''
+
+SEQUENCE_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+
+SEQUENCE_CONFIG = '''
+name: "seq"
+backend: "python"
+max_batch_size: 4
+sequence_batching { max_sequence_idle_microseconds: 4000000 }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+
+
+def _model(repo: Path, name: str, config: str, code: str) -> Path:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    (repo / name / "1" / "model.py").write_text(code)
+    return repo / name
+
+
+def _gated(tmp_path: Path) -> tuple[Path, Path]:
+    repo = tmp_path / "models"
+    return repo, _model(repo, "gated", GATED_CONFIG, GATED_MODEL)
+
+
+def _http_infer(client: httpclient.InferenceServerClient) -> np.ndarray:
+    x = np.arange(4, dtype=np.float32)
+    i = httpclient.InferInput("INPUT0", [4], "FP32")
+    i.set_data_from_numpy(x)
+    return client.infer("gated", [i]).as_numpy("OUTPUT0")
+
+
+def _grpc_input() -> grpcclient.InferInput:
+    i = grpcclient.InferInput("INPUT0", [4], "FP32")
+    i.set_data_from_numpy(np.arange(4, dtype=np.float32))
+    return i
+
+
+def _new_connection_answer(port: int) -> bytes:
+    """What a new HTTP connection gets: b"" (or a reset) once the server is stopping."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            return sock.recv(1024)
+    except ConnectionError:
+        return b""
+
+
+def _exit(server: ServerProcess) -> str:
+    assert server.process is not None
+    server.process.wait(60)
+    return server.log_text()
+
+
+def test_open_keepalive_connection_is_served_until_closed(tmp_path):
+    """Triton's test_shutdown_with_live_connection: after SIGINT the open connection still
+    works, a new one does not, and the countdown runs once, until the client closes."""
+    repo, gated = _gated(tmp_path)
+    (gated / "gate").touch()
+    with ServerProcess(repo, "--exit-wait-idle-connections=true") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert _http_infer(client).tolist() == [0, 1, 2, 3]
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGINT)
+        wait_until(lambda: "Timeout 30: Found 1 HTTP service connections" in server.log_text(),
+                   timeout=20)
+        assert _http_infer(client).tolist() == [0, 1, 2, 3]
+        assert client.is_server_live() and client.is_server_ready()
+        assert _new_connection_answer(server.http_port) == b""
+        client.close()
+        log = _exit(server)
+    assert server.process.returncode == 0, log[-3000:]
+    assert log.count("Timeout 30: ") == 1, log[-3000:]
+    assert "Waiting for in-flight requests to complete." in log
+    assert "Found 0 model versions that have in-flight inferences" in log
+    assert "All models are stopped, unloading models" in log
+    assert "Found 0 live models and 0 in-flight non-inference requests" in log
+
+
+def test_grpc_call_in_flight_finishes_and_new_calls_are_refused(tmp_path):
+    repo, gated = _gated(tmp_path)
+    with ServerProcess(repo) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        results: list = []
+        client.async_infer("gated", [_grpc_input()], lambda result, error: results.append((result, error)))
+        wait_until(lambda: (gated / "started").exists(), timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "Found 1 gRPC service connections and inference handlers"
+                   in server.log_text(), timeout=20)
+        with pytest.raises(InferenceServerException) as refused:
+            grpcclient.InferenceServerClient(server.grpc_url).infer("gated", [_grpc_input()])
+        assert "UNAVAILABLE" in str(refused.value.status())
+        assert not results
+        (gated / "gate").touch()
+        wait_until(lambda: results, timeout=30)
+        result, error = results[0]
+        assert error is None
+        assert result.as_numpy("OUTPUT0").tolist() == [0, 1, 2, 3]
+        log = _exit(server)
+    assert server.process.returncode == 0, log[-3000:]
+    assert "Waiting for in-flight requests to complete." in log
+
+
+def test_open_sequences_are_waited_for_until_their_idle_timeout(tmp_path):
+    """Triton's test_shutdown_sequence: a sequence without its END is in flight for the
+    shutdown until the sequence batcher releases it."""
+    repo = tmp_path / "models"
+    _model(repo, "seq", SEQUENCE_CONFIG, SEQUENCE_MODEL)
+    with ServerProcess(repo) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        for sequence_id in (1, 2):
+            i = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+            i.set_data_from_numpy(np.ones((1, 1), np.float32))
+            client.infer("seq", [i], sequence_id=sequence_id, sequence_start=True)
+        client.close()
+        server.process.send_signal(signal.SIGINT)
+        log = _exit(server)
+    assert server.process.returncode == 0, log[-3000:]
+    assert "Model 'seq' (version 1) has 2 in-flight inferences" in log, log[-3000:]
+    assert "Found 0 model versions that have in-flight inferences" in log
+    assert "successfully unloaded 'seq' version 1" in log
+
+
+def test_exit_timeout_runs_out(tmp_path):
+    repo, gated = _gated(tmp_path)
+    with ServerProcess(repo, "--exit-timeout-secs", "2") as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        results: list = []
+        client.async_infer("gated", [_grpc_input()], lambda result, error: results.append((result, error)))
+        wait_until(lambda: (gated / "started").exists(), timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        log = _exit(server)
+    assert "Timeout 2: Found 1 gRPC service connections and inference handlers" in log, log[-3000:]
+    assert "Model 'gated' (version 1) has 1 in-flight inferences" in log
+    assert "Exit timeout expired. Exiting immediately." in log
+
+
+def test_unserved_grpc_methods_answer_unimplemented_without_message(tmp_path):
+    """Triton serves grpc.health.v1.Health/Check only: Watch, like any method it does not serve,
+    is UNIMPLEMENTED with an empty message (gRPC C++'s answer)."""
+    repo, gated = _gated(tmp_path)
+    with ServerProcess(repo) as server, grpc.insecure_channel(server.grpc_url) as channel:
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=lambda m: m,
+                                     response_deserializer=lambda m: m)
+        with pytest.raises(grpc.RpcError) as unimplemented:
+            list(watch(b"", timeout=10))
+        assert unimplemented.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert unimplemented.value.details() == ""
+        for method in ("/inference.GRPCInferenceService/Nope", "/grpc.health.v1.Health/List"):
+            call = channel.unary_unary(method, request_serializer=lambda m: m,
+                                       response_deserializer=lambda m: m)
+            with pytest.raises(grpc.RpcError) as unknown:
+                call(b"", timeout=10)
+            assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert unknown.value.details() == ""
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=lambda m: m,
+                                    response_deserializer=lambda m: m)
+        assert check(b"", timeout=10) == b"\x08\x01"  # SERVING
