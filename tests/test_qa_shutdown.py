@@ -227,3 +227,61 @@ def test_unserved_grpc_methods_answer_unimplemented_without_message(tmp_path):
                                     request_serializer=lambda m: m,
                                     response_deserializer=lambda m: m)
         assert check(b"", timeout=10) == b"\x08\x01"  # SERVING
+
+
+# --- a TYPE_STRING implicit state's initial value from a file -------------------------------------
+
+STRING_STATE_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            state = pb_utils.get_input_tensor_by_name(r, "INPUT_STATE").as_numpy()
+            value = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", state.astype(np.object_)),
+                pb_utils.Tensor("OUTPUT_STATE", value.astype(np.object_))]))
+        return responses
+'''
+
+STRING_STATE_CONFIG = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 1
+sequence_batching {{
+  state [ {{
+    input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_STRING dims: [ 1 ]
+    initial_state: {{ data_type: TYPE_STRING dims: [ 1 ] name: "init" data_file: "input_state_data" }}
+  }} ]
+}}
+input [ {{ name: "INPUT0" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] }} ]
+'''
+
+
+def test_string_state_initial_value_from_a_file(tmp_path):
+    """Triton copies a TYPE_STRING state's data_file as it is and loads the model (L0_sequence_
+    batcher's INITIAL_STATE_FILE=1 writes `\\x64\\x00\\x00\\x00`, a length prefix of 100 and no
+    bytes); a file of length-prefixed strings gives those strings."""
+    repo = tmp_path / "models"
+    files = {"whole": (5).to_bytes(4, "little") + b"hello", "cut": b"\x64\x00\x00\x00"}
+    for name, data in files.items():
+        folder = _model(repo, name, STRING_STATE_CONFIG.format(name=name), STRING_STATE_MODEL)
+        (folder / "initial_state").mkdir()
+        (folder / "initial_state" / "input_state_data").write_bytes(data)
+    with ServerProcess(repo) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        for sequence_id, (name, first) in enumerate((("whole", b"hello"), ("cut", b"")), 1):
+            assert client.is_model_ready(name)
+            seen = []
+            for step, text in enumerate((b"a", b"b")):
+                i = httpclient.InferInput("INPUT0", [1, 1], "BYTES")
+                i.set_data_from_numpy(np.array([[text]], dtype=np.object_))
+                result = client.infer(name, [i], sequence_id=sequence_id,
+                                       sequence_start=step == 0, sequence_end=step == 1)
+                seen.append(result.as_numpy("OUTPUT0").reshape(-1)[0])
+            assert seen == [first, b"a"]
