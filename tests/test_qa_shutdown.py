@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -285,3 +286,82 @@ def test_string_state_initial_value_from_a_file(tmp_path):
                                        sequence_start=step == 0, sequence_end=step == 1)
                 seen.append(result.as_numpy("OUTPUT0").reshape(-1)[0])
             assert seen == [first, b"a"]
+
+
+def test_stream_refuses_new_requests_while_draining(tmp_path):
+    """Triton's stream handler, once the server stops: a stream that is still open gets an error
+    response for each new request; the request already running finishes."""
+    repo, gated = _gated(tmp_path)
+    with ServerProcess(repo) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        results: list = []
+        client.start_stream(callback=lambda result, error: results.append((result, error)))
+        client.async_stream_infer("gated", [_grpc_input()], request_id="first")
+        wait_until(lambda: (gated / "started").exists(), timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "Found 1 gRPC service connections and inference handlers"
+                   in server.log_text(), timeout=20)
+        client.async_stream_infer("gated", [_grpc_input()], request_id="second")
+        wait_until(lambda: results, timeout=20)
+        assert results[0][1] is not None
+        assert results[0][1].message() == ("GRPC server is shutting down and has stopped "
+                                           "accepting new requests.")
+        (gated / "gate").touch()
+        wait_until(lambda: len(results) == 2, timeout=30)
+        assert results[1][1] is None
+        assert results[1][0].get_response().id == "first"
+        client.stop_stream()
+        log = _exit(server)
+    assert server.process.returncode == 0, log[-3000:]
+
+
+# --- an ensemble's failures --------------------------------------------------------------------
+
+FAILING_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise pb_utils.TritonModelException("boom")
+'''
+
+FAILING_CONFIG = '''
+name: "failing"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+
+ENSEMBLE_CONFIG = '''
+name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "failing" model_version: -1
+  input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+'''
+
+
+def test_failed_ensemble_request_counts_twice(tmp_path):
+    """Triton's ensemble scheduler reports a failed request twice (the error response, then the
+    request's statistics): the ensemble's fail count and its OTHER failures rise by 2."""
+    repo = tmp_path / "models"
+    _model(repo, "failing", FAILING_CONFIG, FAILING_MODEL)
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    with ServerProcess(repo) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        i = httpclient.InferInput("IN", [1], "FP32")
+        i.set_data_from_numpy(np.ones(1, np.float32))
+        with pytest.raises(InferenceServerException, match="in ensemble 'ens'"):
+            client.infer("ens", [i])
+        stats = client.get_inference_statistics("ens")["model_stats"][0]["inference_stats"]
+        assert stats["fail"]["count"] == 2
+        composing = client.get_inference_statistics("failing")["model_stats"][0]
+        assert composing["inference_stats"]["fail"]["count"] == 1
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'nv_inference_request_failure{model="ens",reason="OTHER",version="1"} 2' in metrics

@@ -79,6 +79,7 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 _INFER_PATH = f"/{SERVICE}/ModelInfer"
+_SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 _STATE_IDS = itertools.count(1)
 _HANDLERS = {_INFER_PATH: "ModelInferHandler", f"/{SERVICE}/ModelStreamInfer": "ModelStreamInferHandler"}
 
@@ -111,11 +112,12 @@ class _CallCount:
     """How many inference calls (ModelInfer, ModelStreamInfer) are under way: Triton's count of
     "gRPC service connections and inference handlers" that its shutdown waits for."""
 
-    __slots__ = ("_lock", "value")
+    __slots__ = ("_lock", "value", "refusing")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.value = 0
+        self.refusing = False  # draining: a stream's new requests are refused (GrpcServer.drain)
 
     def add(self, delta: int) -> None:
         with self._lock:
@@ -258,13 +260,17 @@ class _StreamCall:
         if data is None:  # the client closed its side (or the call is gone)
             self.stream.end_of_requests()
             return
+        request = ticket = None
         try:
             request = pb.ModelInferRequest.FromString(data)
         except DecodeError:
             self.stream.request_error("failed to parse the request message")
-            request = ticket = None
         else:
-            ticket = self.stream.admit(request)  # its place first, then the next one is read
+            if self.counter is not None and self.counter.refusing:
+                # Triton's stream handler once its server is stopping (its text)
+                self.stream.request_error(_SHUTTING_DOWN)
+            else:
+                ticket = self.stream.admit(request)  # its place first, then the next one is read
         self.call.start_server_batch((_ReceiveMessage(_NO_FLAGS),), self._on_message)
         if ticket is not None:
             # On this thread: if it takes long, other polling threads read and run the next ones.
@@ -603,6 +609,7 @@ class GrpcServer:
         the inference calls under way go on, waited for up to `seconds` with a line a second.
         Returns the seconds left of the exit timeout; `stop` ends what is still running."""
         self.refuse_new_calls()
+        self._calls.refusing = True
         left = max(int(seconds), 0)
         while left > 0 and self._calls.value > 0 and not self._shutdown.is_set():
             log.info("Timeout %d: Found %d gRPC service connections and inference handlers",
