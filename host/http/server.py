@@ -421,7 +421,7 @@ class HTTPServer:
                 sock.close()
                 break
             if self._refusing.is_set():  # draining: as Triton, a new connection is closed at once
-                _reset(sock)
+                sock.close()
                 continue
             if not self._take_slot():
                 _quiet_log.warning("all %d connections are busy with requests; refused %s",
@@ -726,15 +726,6 @@ def _refuse(sock: socket.socket) -> None:
         pass
     finally:
         sock.close()
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close a connection with a reset (SO_LINGER 0), as Triton refuses one while stopping."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
-    sock.close()
 
 
 def _peer_closed(sock: socket.socket) -> bool:
