@@ -365,3 +365,42 @@ def test_failed_ensemble_request_counts_twice(tmp_path):
         with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
             metrics = response.read().decode()
         assert 'nv_inference_request_failure{model="ens",reason="OTHER",version="1"} 2' in metrics
+
+
+ERROR_RESPONSE_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("no")) for _ in requests]
+'''
+
+
+def test_python_error_response_counts_as_success_and_an_exception_as_failure(tmp_path):
+    """Triton's python backend reports its statistics per execute: a request answered with an
+    error response is a success (inference and execution counted), only an exception raised by
+    execute makes its requests failures (reason BACKEND). Checked on Triton 2.51."""
+    repo = tmp_path / "models"
+    _model(repo, "answers_error", FAILING_CONFIG.replace('"failing"', '"answers_error"'),
+           ERROR_RESPONSE_MODEL)
+    _model(repo, "failing", FAILING_CONFIG, FAILING_MODEL)
+    with ServerProcess(repo) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        i = httpclient.InferInput("IN", [1], "FP32")
+        i.set_data_from_numpy(np.ones(1, np.float32))
+        for name in ("answers_error", "failing"):
+            with pytest.raises(InferenceServerException):
+                client.infer(name, [i])
+        answered = client.get_inference_statistics("answers_error")["model_stats"][0]
+        assert answered["inference_stats"]["success"]["count"] == 1
+        assert answered["inference_stats"]["fail"]["count"] == 0
+        assert answered["inference_count"] == 1 and answered["execution_count"] == 1
+        raised = client.get_inference_statistics("failing")["model_stats"][0]
+        assert raised["inference_stats"]["fail"]["count"] == 1
+        assert raised["inference_stats"]["success"]["count"] == 0
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'nv_inference_request_failure{model="failing",reason="BACKEND",version="1"} 1' \
+            in metrics
+        assert 'nv_inference_request_success{model="answers_error",version="1"} 1' in metrics
