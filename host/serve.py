@@ -48,7 +48,13 @@ class _GracefulArbiter(Arbiter):
                 pass
             self.cfg.on_exit(self)
             sys.exit(1)
-        super().halt(reason, exit_status)
+        try:
+            super().halt(reason, exit_status)  # stops the workers, then sys.exit(exit_status)
+        except SystemExit as exc:
+            supervisor = getattr(self.app, "supervisor", None)
+            if not exc.code and supervisor is not None and supervisor.board.timed_out:
+                raise SystemExit(1) from None  # the shutdown ran out of --exit-timeout-secs:
+            raise  # Triton's exit(1)
 
 
 class _QuietGunicorn(logging.Filter):
@@ -262,7 +268,8 @@ class ServerApplication(BaseApplication):
         if self.grpc is not None:
             seconds_left = self.grpc.drain(seconds_left)
         if self.host is not None and self.engine is None:
-            self.host.stop(seconds_left)
+            if not self.host.stop(seconds_left):
+                self.supervisor.worker_timed_out()  # Triton exits with status 1 then
 
     def _post_worker_init(self, worker: Any) -> None:
         _graceful_worker_sigint(worker)

@@ -203,6 +203,7 @@ def test_exit_timeout_runs_out(tmp_path):
     assert "Timeout 2: Found 1 gRPC service connections and inference handlers" in log, log[-3000:]
     assert "Model 'gated' (version 1) has 1 in-flight inferences" in log
     assert "Exit timeout expired. Exiting immediately." in log
+    assert server.process.returncode == 1  # as Triton's exit(1)
 
 
 def test_unserved_grpc_methods_answer_unimplemented_without_message(tmp_path):
