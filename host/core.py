@@ -137,18 +137,18 @@ class Host:
 
         `exit_timeout` (the server's shutdown: what its front ends left of --exit-timeout-secs):
         wait as Triton's InferenceServer::Stop does, with its countdown lines, for the
-        inferences in flight, then for the unloads; False when the time ran out first."""
+        inferences in flight, then for the unloads; False when the time ran out first (the
+        caller then exits at once, as Triton does: nothing more is waited for)."""
         if self._stopping.is_set():
             return True
         self._ready = False
         self._stopping.set()
         if self._poller is not None:
             self._poller.join()
-        finished = True
         if exit_timeout is None:
             self.manager.unload_all()
-        else:
-            finished = self._wait_and_unload(exit_timeout)
+        elif not self._wait_and_unload(exit_timeout):
+            return False
         self.ensembles.close()
         bls.detach(self)
         self.shm.close()  # unmaps only: the clients' regions stay as they are
@@ -157,7 +157,7 @@ class Host:
             self.cache.close()
         self.tracer.close()  # after the last request: its traces are written or exported
         self.plugins.manager.hook.modelhost_shutdown(host=self)
-        return finished
+        return True
 
     def _wait_and_unload(self, seconds: int) -> bool:
         """Triton's shutdown wait (core server.cc Stop): a line a second while versions have

@@ -269,7 +269,10 @@ class ServerApplication(BaseApplication):
             seconds_left = self.grpc.drain(seconds_left)
         if self.host is not None and self.engine is None:
             if not self.host.stop(seconds_left):
-                self.supervisor.worker_timed_out()  # Triton exits with status 1 then
+                # Out of time: Triton exits at once, with status 1 (the master's too)
+                self.supervisor.worker_timed_out()
+                logs.flush()
+                os._exit(1)
 
     def _post_worker_init(self, worker: Any) -> None:
         _graceful_worker_sigint(worker)
