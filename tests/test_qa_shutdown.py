@@ -160,6 +160,8 @@ def test_grpc_call_in_flight_finishes_and_new_calls_are_refused(tmp_path):
         with pytest.raises(InferenceServerException) as refused:
             grpcclient.InferenceServerClient(server.grpc_url).infer("gated", [_grpc_input()])
         assert "UNAVAILABLE" in str(refused.value.status())
+        with pytest.raises(ConnectionRefusedError):  # the HTTP front end has stopped: no port
+            socket.create_connection(("127.0.0.1", server.http_port), timeout=10).close()
         assert not results
         (gated / "gate").touch()
         wait_until(lambda: results, timeout=30)

@@ -490,6 +490,9 @@ class HTTPServer:
                         break
                 ticks.wait(0.05)
             left -= 1
+        self._stopping.set()
+        # the accept loops end within a poll: then closing the listeners frees the port at once
+        self._stopped.wait(2 * self.ACCEPT_POLL_SECONDS)
         self.shutdown(0)
         return left
 

@@ -112,6 +112,8 @@ class ConnectionWorker(Worker):
         exit_timeout = getattr(options, "exit_timeout_secs", self.cfg.graceful_timeout)
         left = server.drain(int(exit_timeout),
                             close_idle=not getattr(options, "exit_wait_idle_connections", True))
+        for listener in self.sockets:  # the HTTP port is closed now, as Triton unbinds it (the
+            listener.close()           # master closed its copies; a new worker has its own)
         stop_serving = getattr(self.app, "stop_serving", None)
         if stop_serving is not None:
             stop_serving(left)
