@@ -344,7 +344,7 @@ class HTTPServer:
     a listener inherited from gunicorn's master must stay open for the next worker.
     """
 
-    ACCEPT_POLL_SECONDS = 0.5
+    ACCEPT_POLL_SECONDS = 0.1  # also how long the end of a drain waits for them to stop
     # The request-head parser (host.http.h1c.head_parser); host.http.worker gives the server one
     # with gunicorn's limit_request_* settings.
     parse_head: Callable = staticmethod(_default_parse)
