@@ -238,7 +238,11 @@ def _serve_parser(sub) -> None:
                    help="1 or more: debug logs, with a line per HTTP request and gRPC call")
     _flag(p, "--log-info", "log informational messages", default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, metavar="SECS",
-                   help="on SIGTERM/SIGINT, how long in-flight requests may take to finish")
+                   help="on SIGTERM/SIGINT, how long open connections and in-flight requests "
+                        "may take to finish")
+    _flag(p, "--exit-wait-idle-connections", "on SIGTERM/SIGINT, serve the open HTTP connections, "
+          "idle keep-alive ones included, until their clients close them or --exit-timeout-secs "
+          "runs out, as Triton does; false: close the idle ones at once", default=True)
     p.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
                    help="how many models load in parallel at start-up")
     p.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
@@ -318,6 +322,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,
+        exit_wait_idle_connections=args.exit_wait_idle_connections,
         model_load_thread_count=args.model_load_thread_count,
         model_load_retry_count=args.model_load_retry_count,
         python_cpu=args.python_cpu,

@@ -132,15 +132,23 @@ class Host:
         self.plugins.manager.hook.modelhost_startup(host=self)
         return errors
 
-    def stop(self) -> None:
-        """Refuse new work, let in-flight requests finish, finalize every model."""
+    def stop(self, exit_timeout: int | None = None) -> bool:
+        """Refuse new work, let in-flight requests finish, finalize every model.
+
+        `exit_timeout` (the server's shutdown: what its front ends left of --exit-timeout-secs):
+        wait as Triton's InferenceServer::Stop does, with its countdown lines, for the
+        inferences in flight, then for the unloads; False when the time ran out first (the
+        caller then exits at once, as Triton does: nothing more is waited for)."""
         if self._stopping.is_set():
-            return
+            return True
         self._ready = False
         self._stopping.set()
         if self._poller is not None:
             self._poller.join()
-        self.manager.unload_all()
+        if exit_timeout is None:
+            self.manager.unload_all()
+        elif not self._wait_and_unload(exit_timeout):
+            return False
         self.ensembles.close()
         bls.detach(self)
         self.shm.close()  # unmaps only: the clients' regions stay as they are
@@ -149,6 +157,47 @@ class Host:
             self.cache.close()
         self.tracer.close()  # after the last request: its traces are written or exported
         self.plugins.manager.hook.modelhost_shutdown(host=self)
+        return True
+
+    def _wait_and_unload(self, seconds: int) -> bool:
+        """Triton's shutdown wait (core server.cc Stop): a line a second while versions have
+        inferences in flight, then the unloads, a line a second until none is left."""
+        log.info("Waiting for in-flight requests to complete.")
+        left = max(int(seconds), 0)
+        unloading = False
+        tick = threading.Event()
+        while True:
+            if not unloading:
+                status = self.manager.inflight_status()
+                log.info("Timeout %d: Found %d model versions that have in-flight inferences",
+                         left, len(status))
+                for name, version, count in status:
+                    log.info("Model '%s' (version %d) has %d in-flight inferences",
+                             name, version, count)
+                if not status:
+                    self.manager.unload_all(wait=False)
+                    unloading = True
+                    log.info("All models are stopped, unloading models")
+                    continue
+                done = lambda: not self.manager.inflight_status()  # noqa: E731
+            else:
+                live = self.manager.live_versions()
+                log.info("Timeout %d: Found %d live models and %d in-flight non-inference "
+                         "requests", left, live, 0)
+                if not live:
+                    return True
+                done = lambda: not self.manager.live_versions()  # noqa: E731
+            if left <= 0:
+                if not unloading:  # what is stuck ends with the process; the rest unloads
+                    self.manager.unload_all(wait=False)
+                break
+            left -= 1
+            for _ in range(20):  # a second, ended early once what it waits for is done
+                if done():
+                    break
+                tick.wait(0.05)
+        log.error("failed to stop server: Internal - Exit timeout expired. Exiting immediately.")
+        return False
 
     def _poll_loop(self) -> None:
         while not self._stopping.wait(self.options.repository_poll_secs):

@@ -777,13 +777,28 @@ class ModelManager:
         if entry.override_dir == folder:
             entry.override_dir, entry.location = None, None
 
-    def unload_all(self) -> None:
+    def unload_all(self, wait: bool = True) -> None:
         with self._lock:
             # loads under way finish first (a bounded time: a load stuck in a model's
             # initialize must not hold the exit up)
             self._busy_cond.wait_for(lambda: not self._busy, self.unload_wait)
             pending = [t for name in list(self._models) for t in self._unload_entry(name)]
-        self._wait_unloaded(pending)
+        if wait:
+            self._wait_unloaded(pending)
+
+    def inflight_status(self) -> list[tuple[str, int, int]]:
+        """(name, version, count) of every loaded version with inferences in flight (Triton's
+        ModelLifeCycle::InflightStatus, which the server's shutdown logs and waits for)."""
+        with self._lock:
+            versions = [mv for entry in self._models.values() for mv in entry.versions.values()]
+        status = [(mv.name, mv.version, mv.inflight_inferences()) for mv in versions]
+        return sorted(s for s in status if s[2])
+
+    def live_versions(self) -> int:
+        """Versions loaded or still unloading (Triton's live models plus background ones)."""
+        with self._lock:
+            loaded = sum(len(entry.versions) for entry in self._models.values())
+            return loaded + sum(1 for t in list(self._finishers.values()) if t.is_alive())
 
     def _unload_version(self, mv: ModelVersion, reason: str = "unloaded",
                         entry: ModelEntry | None = None) -> threading.Thread:

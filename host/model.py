@@ -341,6 +341,15 @@ class ModelVersion:
     def inflight(self) -> int:
         return self._inflight
 
+    def inflight_inferences(self) -> int:
+        """What the server's shutdown waits for before it unloads the version (Triton's
+        Scheduler::InflightInferenceCount): its sequences not yet ended under the sequence
+        batcher (released by their END or their idle timeout), else its requests in flight."""
+        sequences = getattr(self.scheduler, "active_sequences", None)
+        if sequences is not None:
+            return sequences()
+        return self._inflight
+
     @property
     def slots(self) -> tuple[InstanceSlot, ...]:
         """The model's instances (as the schedulers hold them)."""

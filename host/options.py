@@ -40,6 +40,8 @@ class ServerOptions:
     allow_client_shm: bool = False  # register/unregister client shared memory (off: refused)
     log_verbose: int = 0
     exit_timeout_secs: float = 30.0
+    # on SIGTERM/SIGINT, idle HTTP keep-alive connections are served until they close (Triton)
+    exit_wait_idle_connections: bool = True
     model_load_thread_count: int = 4
     model_load_retry_count: int = 0  # a version that fails to load is tried this many times more
     # host.affinity: the CPU of the threads that run Python on the request path ('auto', 'off', N)

@@ -48,7 +48,13 @@ class _GracefulArbiter(Arbiter):
                 pass
             self.cfg.on_exit(self)
             sys.exit(1)
-        super().halt(reason, exit_status)
+        try:
+            super().halt(reason, exit_status)  # stops the workers, then sys.exit(exit_status)
+        except SystemExit as exc:
+            supervisor = getattr(self.app, "supervisor", None)
+            if not exc.code and supervisor is not None and supervisor.board.timed_out:
+                raise SystemExit(1) from None  # the shutdown ran out of --exit-timeout-secs:
+            raise  # Triton's exit(1)
 
 
 class _QuietGunicorn(logging.Filter):
@@ -107,7 +113,9 @@ class ServerApplication(BaseApplication):
             "worker_class": "host.http.worker.ConnectionWorker",  # a thread per connection
             "worker_connections": 1024,  # connections served at once (each on its own thread)
             "timeout": 0,  # model loads happen in the worker before it serves: no boot deadline
-            "graceful_timeout": int(o.exit_timeout_secs),
+            # the worker's own shutdown keeps to --exit-timeout-secs (stop_serving); the master
+            # kills a worker that has not exited some time after that
+            "graceful_timeout": int(o.exit_timeout_secs) + 15,
             "keepalive": 120,  # clients (perf_analyzer, tritonclient) hold connections open
             # the HTTP parser's limits (host.http.worker honours these gunicorn settings)
             "limit_request_line": 8190,
@@ -250,10 +258,21 @@ class ServerApplication(BaseApplication):
             return self.grpc.failure
         return getattr(self.host, "failure", None) if self.engine is not None else None
 
-    def refuse_new_calls(self) -> None:
-        """The worker is stopping: the gRPC front end takes no new call (host.http.worker)."""
+    def stop_serving(self, seconds_left: int) -> None:
+        """The worker is stopping and its HTTP connections are closed (host.http.worker): the
+        gRPC front end takes no new call and finishes its calls under way, then the models
+        finish what is in flight and unload, within what is left of the exit timeout (Triton's
+        main.cc: StopEndpoints, then the server's Stop)."""
+        if self.engine is None:
+            self.supervisor.worker_exiting()
         if self.grpc is not None:
-            self.grpc.refuse_new_calls()
+            seconds_left = self.grpc.drain(seconds_left)
+        if self.host is not None and self.engine is None:
+            if not self.host.stop(seconds_left):
+                # Out of time: Triton exits at once, with status 1 (the master's too)
+                self.supervisor.worker_timed_out()
+                logs.flush()
+                os._exit(1)
 
     def _post_worker_init(self, worker: Any) -> None:
         _graceful_worker_sigint(worker)
@@ -268,15 +287,15 @@ class ServerApplication(BaseApplication):
                 self.host.close()
             return
         self.supervisor.worker_exiting()
-        # The HTTP connections are drained by now; let gRPC calls in flight finish too.
+        # stop_serving has let the calls and requests in flight finish (or run out of time):
+        # what is left of the gRPC front end is cancelled.
         if self.grpc is not None:
-            self.grpc.stop(grace=self.options.exit_timeout_secs)
+            self.grpc.stop(grace=0)
         self._stop_cloud()
         if self.metrics is not None:
             self.metrics.stop()
         if self.host is not None:
-            log.info("stopping: waiting for in-flight requests, then unloading models")
-            self.host.stop()
+            self.host.stop()  # done already unless the worker left without stop_serving
 
     def run(self) -> None:
         _GracefulArbiter(self).run()

@@ -191,7 +191,10 @@ class Respond:
                 if not request.refused:
                     now = time.perf_counter_ns()
                     started = request.exec_start_ns
-                    st.stats.request_done(self.error is None, now - request.enqueue_ns,
+                    error = self.error
+                    # (a python model's error response counts as a success, as in Triton)
+                    st.stats.request_done(error is None or hasattr(error, "counted_as_success"),
+                                          now - request.enqueue_ns,
                                           (started or now) - request.enqueue_ns,
                                           request.batch_size if started else 0, self.error)
                 st.mv.end_request()

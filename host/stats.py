@@ -3,7 +3,8 @@
 What is counted, and when (Triton's definitions, docs/protocol/extension_statistics.md, with the
 points where this in-process host takes its timestamps):
 
-- `success` / `fail`: one per request, when its final response is delivered (`request_done`);
+- `success` / `fail`: one per request (a failed ensemble request counts twice, as in Triton),
+  when its final response is delivered (`request_done`);
   the duration runs from the moment the host scheduled the request (after validation) to that
   final response. Failures are also counted per reason for the metrics (`failure_counts`):
   REJECTED, CANCELED, BACKEND, OTHER, as Triton's `nv_inference_request_failure{reason=...}`.
@@ -108,11 +109,15 @@ class ModelStats:
                 self.latency.success(total_ns, queue_ns)
         else:
             reason = failure_reason(error, rows > 0, self.ensemble)
+            # Triton counts a failed ensemble request twice (core ensemble_scheduler.cc: the
+            # error response's RespondIfError, then the request tracker's statistics report):
+            # its fail count and nv_inference_request_failure rise by 2 (checked on 2.51).
+            times = 2 if self.ensemble and reason == OTHER else 1
             with self._lock:
                 f = self._fail
-                f[0] += 1
-                f[1] += total_ns
-                self._failures[reason] += 1
+                f[0] += times
+                f[1] += total_ns * times
+                self._failures[reason] += times
 
     def execution_done(self, requests: int, batch_size: int, infer_ns: int, input_ns: int = 0) -> None:
         """An execute of `requests` requests holding `batch_size` rows in all returned (called

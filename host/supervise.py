@@ -40,7 +40,7 @@ CRASH_WINDOW = 60.0
 
 _SLOT = 96  # bytes per text slot
 _SLOTS = 64  # executing-model slots
-_BOOTED, _EXITING = 0, 1  # flag bytes
+_BOOTED, _EXITING, _TIMED_OUT = 0, 1, 2  # flag bytes
 _EXECUTING = 8  # offset of the activity slots
 _SIZE = _EXECUTING + _SLOT * _SLOTS
 
@@ -61,6 +61,10 @@ class Board:
 
     def mark_exiting(self) -> None:
         self.page[_EXITING] = 1
+
+    def mark_timed_out(self) -> None:
+        """Its shutdown ran out of --exit-timeout-secs: the server exits with status 1."""
+        self.page[_TIMED_OUT] = 1
 
     def begin(self, activity: bytes) -> int:
         """A thread starts `activity` (see `_text`); returns its slot (-1 when all are taken).
@@ -87,6 +91,10 @@ class Board:
     @property
     def exiting(self) -> bool:
         return bool(self.page[_EXITING])
+
+    @property
+    def timed_out(self) -> bool:
+        return bool(self.page[_TIMED_OUT])
 
     def activities(self) -> list[str]:
         names = (self._read(_EXECUTING + i * _SLOT) for i in range(_SLOTS))
@@ -239,6 +247,9 @@ class Supervisor:
 
     def worker_exiting(self) -> None:
         self.board.mark_exiting()
+
+    def worker_timed_out(self) -> None:
+        self.board.mark_timed_out()
 
 
 def start_host(options: Any, journal: Journal) -> Any:

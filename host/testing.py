@@ -150,6 +150,10 @@ class ServerProcess:
         package_parent = str(Path(__file__).resolve().parent.parent)
         env["PYTHONSAFEPATH"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+        # A test's clients often outlive its server: stopping, the server closes their idle
+        # connections instead of serving them until the exit timeout, as Triton and a server
+        # started otherwise do (the flag, or this variable in `env`, restores that).
+        env.setdefault("MODELHOST_EXIT_WAIT_IDLE_CONNECTIONS", "false")
         env.update(self.env)
         self._group_killed = False
         with open(self.log_path, "wb") as log:

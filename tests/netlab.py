@@ -55,6 +55,9 @@ class Replica:
         serve = [sys.executable, "-m", "host", "serve", "--model-repository", str(self.lab.repository),
                  "--http-port", str(HTTP), "--grpc-port", str(GRPC), "--metrics-port", str(METRICS),
                  "--allow-client-shm=true", "--exit-timeout-secs", "10",
+                 # behind the balancer: its pooled idle connections do not hold a stop (Triton's
+                 # default would serve them until the exit timeout runs out, then exit 1)
+                 "--exit-wait-idle-connections=false",
                  "--cache-config", f"redis,host={self.lab.net}.1",
                  "--cache-config", f"redis,port={self.lab.redis_port}"]
         # its own network namespace, and its own /dev/shm in its own mount namespace

@@ -115,7 +115,9 @@ def test_failure_is_not_cached(client):
         with pytest.raises(InferenceServerException, match="negative input"):
             infer(client, "cached", data)
     d = delta(before, stats(client, "cached"))
-    assert (d["hit"], d["miss"], d["exec"], d["fail"]) == (0, 2, 2, 2)
+    # (the python model answers with an error response, which Triton's python backend counts
+    # as a success in the statistics: no fail)
+    assert (d["hit"], d["miss"], d["exec"], d["fail"]) == (0, 2, 2, 0)
 
 
 def test_model_without_response_cache_always_executes(client):

@@ -232,8 +232,10 @@ def test_dynamic_batching_counts_rows_and_executions(stack):
         stats["inference_count"]
 
 
-def test_failed_request_counts_as_backend_failure(stack, client):
-    """simple_string answers a non-number with an error response: one failure, reason BACKEND."""
+def test_error_response_of_a_python_model_counts_as_success(stack, client):
+    """simple_string (a python model) answers a non-number with an error response: Triton's
+    python backend reports that request as a success (checked on 2.51; only an exception from
+    execute is a failure, reason BACKEND)."""
     before = scrape(stack)
     strings = np.array([[b"x"] + [b"1"] * 15], dtype=np.object_)
     inputs = []
@@ -245,14 +247,11 @@ def test_failed_request_counts_as_backend_failure(stack, client):
         client.infer("simple_string", inputs)
     after = scrape(stack)
     m = "simple_string"
-    assert value(after, "nv_inference_request_failure", m, reason="BACKEND") == \
-        value(before, "nv_inference_request_failure", m, reason="BACKEND") + 1
-    for reason in ("REJECTED", "CANCELED", "OTHER"):
+    for reason in ("BACKEND", "REJECTED", "CANCELED", "OTHER"):
         assert value(after, "nv_inference_request_failure", m, reason=reason) == \
             value(before, "nv_inference_request_failure", m, reason=reason)
-    for name in ("nv_inference_request_success", "nv_inference_count",
-                 "nv_inference_request_duration_us", "nv_inference_queue_duration_us"):
-        assert value(after, name, m) == value(before, name, m), name
+    for name in ("nv_inference_request_success", "nv_inference_count"):
+        assert value(after, name, m) == value(before, name, m) + 1, name
     assert value(after, "nv_inference_exec_count", m) == value(before, "nv_inference_exec_count", m) + 1
 
 

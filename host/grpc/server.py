@@ -79,6 +79,7 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 _INFER_PATH = f"/{SERVICE}/ModelInfer"
+_SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 _STATE_IDS = itertools.count(1)
 _HANDLERS = {_INFER_PATH: "ModelInferHandler", f"/{SERVICE}/ModelStreamInfer": "ModelStreamInferHandler"}
 
@@ -107,16 +108,35 @@ def _error_status(exc: BaseException) -> tuple[int, bytes]:
             f"internal error: {type(exc).__name__}: {exc}".encode("utf-8", "replace"))
 
 
+class _CallCount:
+    """How many inference calls (ModelInfer, ModelStreamInfer) are under way: Triton's count of
+    "gRPC service connections and inference handlers" that its shutdown waits for."""
+
+    __slots__ = ("_lock", "value", "refusing")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+        self.refusing = False  # draining: a stream's new requests are refused (GrpcServer.drain)
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.value += delta
+
+
 # --- unary calls ----------------------------------------------------------------------------
 
 class _UnaryCall:
     """One unary call: receive the request, run the method, send response and status."""
 
-    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata")
+    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata", "counter")
 
     def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any],
-                 metadata: Any = ()) -> None:
+                 metadata: Any = (), counter: _CallCount | None = None) -> None:
         self.call = call
+        self.counter = counter  # inference calls: counted until they end (GrpcServer.drain)
+        if counter is not None:
+            counter.add(1)
         self.metadata = metadata  # the client's (key, value) pairs
         self.method = method
         self.parse = parse
@@ -134,6 +154,8 @@ class _UnaryCall:
             callback()
 
     def _on_close(self, event: Any) -> None:
+        if self.counter is not None:
+            self.counter.add(-1)
         if event.batch_operations[0].cancelled():
             self.cancelled = True
             for callback in self.callbacks or ():
@@ -184,10 +206,10 @@ class _LoggedUnaryCall(_UnaryCall):
     __slots__ = ("record", "code")
 
     def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any],
-                 metadata: Any, record: GrpcCallLog) -> None:
+                 metadata: Any, record: GrpcCallLog, counter: _CallCount | None = None) -> None:
         self.record = record
         self.code = _OK  # the status sent; an error's replaces it
-        super().__init__(call, method, parse, metadata)
+        super().__init__(call, method, parse, metadata, counter)
 
     def _send_error(self, code: int, details: bytes) -> None:
         self.code = code
@@ -214,9 +236,13 @@ class _Status(Exception):
 class _StreamCall:
     """ModelStreamInfer's transport: reads requests one by one, writes responses one by one."""
 
-    def __init__(self, call: Any, servicer: Servicer, metadata: Any = ()) -> None:
+    def __init__(self, call: Any, servicer: Servicer, metadata: Any = (),
+                 counter: _CallCount | None = None) -> None:
         self.call = call
         self.metadata = metadata  # the client's (key, value) pairs
+        self.counter = counter  # counted until the stream ends (GrpcServer.drain)
+        if counter is not None:
+            counter.add(1)
         self._lock = threading.Lock()
         self._queue: collections.deque[bytes] = collections.deque()
         self._sending = False
@@ -234,19 +260,25 @@ class _StreamCall:
         if data is None:  # the client closed its side (or the call is gone)
             self.stream.end_of_requests()
             return
+        request = ticket = None
         try:
             request = pb.ModelInferRequest.FromString(data)
         except DecodeError:
             self.stream.request_error("failed to parse the request message")
-            request = ticket = None
         else:
-            ticket = self.stream.admit(request)  # its place first, then the next one is read
+            if self.counter is not None and self.counter.refusing:
+                # Triton's stream handler once its server is stopping (its text)
+                self.stream.request_error(_SHUTTING_DOWN)
+            else:
+                ticket = self.stream.admit(request)  # its place first, then the next one is read
         self.call.start_server_batch((_ReceiveMessage(_NO_FLAGS),), self._on_message)
         if ticket is not None:
             # On this thread: if it takes long, other polling threads read and run the next ones.
             self.stream.run(request, ticket)
 
     def _on_close(self, event: Any) -> None:
+        if self.counter is not None:
+            self.counter.add(-1)
         cancelled = event.batch_operations[0].cancelled()
         with self._lock:
             self._over = True
@@ -327,9 +359,10 @@ class _LoggedStreamCall(_StreamCall):
     """A stream at --log-verbose: one line (host.logs.GrpcCallLog) when it ends, OK once its
     status went out (a stream's requests fail in its responses, not in its status)."""
 
-    def __init__(self, call: Any, servicer: Servicer, metadata: Any, record: GrpcCallLog) -> None:
+    def __init__(self, call: Any, servicer: Servicer, metadata: Any, record: GrpcCallLog,
+                 counter: _CallCount | None = None) -> None:
         self.record = record
-        super().__init__(call, servicer, metadata)
+        super().__init__(call, servicer, metadata, counter)
 
     def _on_close(self, event: Any) -> None:
         cancelled = event.batch_operations[0].cancelled()
@@ -493,6 +526,8 @@ class GrpcServer:
         self._restrictions = restrictions or None  # host.restricted: None when nothing is
         self._unary = _unary_table(servicer)
         self._stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
+        self._infer_path = _INFER_PATH.encode()
+        self._calls = _CallCount()  # inference calls under way (drain)
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(options, False)
         self._server.register_completion_queue(self._cq)
@@ -540,17 +575,22 @@ class GrpcServer:
                 return
         entry = self._unary.get(path)
         if entry is not None:
+            counter = self._calls if path == self._infer_path else None
             if record is None:
-                _UnaryCall(event.call, entry[0], entry[1], event.invocation_metadata)
+                _UnaryCall(event.call, entry[0], entry[1], event.invocation_metadata, counter)
             else:
-                _LoggedUnaryCall(event.call, entry[0], entry[1], event.invocation_metadata, record)
+                _LoggedUnaryCall(event.call, entry[0], entry[1], event.invocation_metadata, record,
+                                 counter)
         elif path == self._stream_path:
             if record is None:
-                _StreamCall(event.call, self._servicer, event.invocation_metadata)
+                _StreamCall(event.call, self._servicer, event.invocation_metadata, self._calls)
             else:
-                _LoggedStreamCall(event.call, self._servicer, event.invocation_metadata, record)
+                _LoggedStreamCall(event.call, self._servicer, event.invocation_metadata, record,
+                                  self._calls)
         else:
-            _refuse(event.call, cygrpc.StatusCode.unimplemented, b"Method not found!", record)
+            # Triton (gRPC C++) answers a method it does not serve with UNIMPLEMENTED and no
+            # message: grpc.health.v1.Health/Watch and /List included (it serves Check only).
+            _refuse(event.call, cygrpc.StatusCode.unimplemented, b"", record)
 
     def _on_shutdown(self, event: Any) -> None:
         self._shutdown.set()
@@ -563,6 +603,22 @@ class GrpcServer:
                 return  # (a failed server is shut down by `stop` alone)
             self._refusing = True
             self._server.shutdown(self._cq, self._on_shutdown)
+
+    def drain(self, seconds: int) -> int:
+        """Triton's GracefulStop with its exit timeout: no new connection or call from now on;
+        the inference calls under way go on, waited for up to `seconds` with a line a second.
+        Returns the seconds left of the exit timeout; `stop` ends what is still running."""
+        self.refuse_new_calls()
+        self._calls.refusing = True
+        left = max(int(seconds), 0)
+        while left > 0 and self._calls.value > 0 and not self._shutdown.is_set():
+            log.info("Timeout %d: Found %d gRPC service connections and inference handlers",
+                     left, self._calls.value)
+            for _ in range(20):  # a second, ended early when the last call ends
+                if self._calls.value <= 0 or self._shutdown.wait(0.05):
+                    break
+            left -= 1
+        return left
 
     def stop(self, grace: float | None = 5.0) -> None:
         """Refuse new calls, give in-flight ones `grace` seconds, then cancel the rest."""

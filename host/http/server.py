@@ -344,7 +344,7 @@ class HTTPServer:
     a listener inherited from gunicorn's master must stay open for the next worker.
     """
 
-    ACCEPT_POLL_SECONDS = 0.5
+    ACCEPT_POLL_SECONDS = 0.1  # also how long the end of a drain waits for them to stop
     # The request-head parser (host.http.h1c.head_parser); host.http.worker gives the server one
     # with gunicorn's limit_request_* settings.
     parse_head: Callable = staticmethod(_default_parse)
@@ -363,6 +363,9 @@ class HTTPServer:
         # socket -> False when idle; its _Connection (or True once chosen for closing) when busy
         self._connections: dict[socket.socket, bool | _Connection] = {}
         self._stopping = threading.Event()
+        # drain(): new connections are closed as they come; open ones are still served
+        self._refusing = threading.Event()
+        self._close_when_idle = False  # drain(close_idle=True): a connection ends with its response
         self._accepting = 0
         self._stopped = threading.Event()
         self._base_env = {
@@ -417,6 +420,9 @@ class HTTPServer:
             if self._stopping.is_set():
                 sock.close()
                 break
+            if self._refusing.is_set():  # draining: as Triton, a new connection is closed at once
+                sock.close()
+                continue
             if not self._take_slot():
                 _quiet_log.warning("all %d connections are busy with requests; refused %s",
                                    self.max_connections, client[0])
@@ -454,6 +460,47 @@ class HTTPServer:
             if rate is not None and rate < lowest:
                 slowest, lowest = sock, rate
         return slowest
+
+    def drain(self, seconds: int, close_idle: bool = False) -> int:
+        """Stop as Triton's HTTP front end does on SIGINT/SIGTERM (HTTPServer::Stop with its exit
+        timeout): new connections are closed as they arrive, the open ones (keep-alive ones
+        included) are served until their clients close them or `seconds` run out, with a line
+        a second; returns the seconds left of the exit timeout. Then `shutdown(0)`.
+
+        `close_idle`: close the connections that are idle now instead of waiting for them
+        (modelhost's test servers, whose clients often outlive them)."""
+        self._refusing.set()
+        self._close_when_idle = close_idle
+        left = max(int(seconds), 0)
+        ticks = threading.Event()
+        while left > 0:
+            if close_idle:
+                self._close_idle()
+            with self._lock:
+                count = len(self._connections)
+            if not count:
+                break
+            log.info("Timeout %d: Found %d HTTP service connections", left, count)
+            # a second, but ended early when the last connection closes (no idle wait)
+            for _ in range(20):
+                if close_idle:
+                    self._close_idle()
+                with self._lock:
+                    if not self._connections:
+                        break
+                ticks.wait(0.05)
+            left -= 1
+        self._stopping.set()
+        # the accept loops end within a poll: then closing the listeners frees the port at once
+        self._stopped.wait(2 * self.ACCEPT_POLL_SECONDS)
+        self.shutdown(0)
+        return left
+
+    def _close_idle(self) -> None:
+        with self._lock:
+            for sock, busy in self._connections.items():
+                if not busy:
+                    _shutdown_socket(sock)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop accepting, let requests in progress finish (up to `timeout`), close idle connections."""
@@ -601,7 +648,8 @@ class HTTPServer:
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-        return body.finish() and keep_alive and not self._stopping.is_set()
+        return (body.finish() and keep_alive and not self._stopping.is_set()
+                and not self._close_when_idle)
 
     def _respond(self, conn: _Connection, env: dict, state: dict, result: Iterable[bytes],
                  http11: bool, keep_alive: bool) -> bool:

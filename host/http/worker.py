@@ -105,12 +105,18 @@ class ConnectionWorker(Worker):
             if failure:
                 self.log.critical("%s; restarting the worker", failure)
                 break
-        # Every front end refuses new work at once (the gRPC one too, before the HTTP
-        # connections drain); what is in flight finishes.
-        refuse = getattr(self.app, "refuse_new_calls", None)
-        if refuse is not None:
-            refuse()
-        server.shutdown(self.cfg.graceful_timeout)
+        # Triton's order (its main.cc): the HTTP front end takes no new connection and serves
+        # the open ones until they close, then the gRPC one and the models finish what is in
+        # flight, all within one exit timeout (--exit-timeout-secs), each stage with its
+        # countdown lines.
+        exit_timeout = getattr(options, "exit_timeout_secs", self.cfg.graceful_timeout)
+        left = server.drain(int(exit_timeout),
+                            close_idle=not getattr(options, "exit_wait_idle_connections", True))
+        for listener in self.sockets:  # the HTTP port is closed now, as Triton unbinds it (the
+            listener.close()           # master closed its copies; a new worker has its own)
+        stop_serving = getattr(self.app, "stop_serving", None)
+        if stop_serving is not None:
+            stop_serving(left)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)

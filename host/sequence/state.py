@@ -114,7 +114,7 @@ def _initial_value(state, datatype: str, batch: list[int], model_dir: Path | Non
     except OSError as exc:
         raise InvalidArgumentError(f"failed to read initial state file '{path}': {exc}") from None
     if datatype == "BYTES":
-        return datatypes.array_from_buffer("BYTES", shape, memoryview(raw))
+        return _bytes_state(raw, shape)
     count = int(np.prod(shape)) if shape else 1
     size = count * datatypes.element_size(datatype)
     if size > len(raw):
@@ -122,6 +122,22 @@ def _initial_value(state, datatype: str, batch: list[int], model_dir: Path | Non
             f"initial_state setting expects {size} bytes, but the data provided from "
             f"{init.data_file}only has {len(raw)} bytes.")  # (Triton's text, missing space included)
     return np.frombuffer(raw[:size], dtype=datatypes.to_numpy(datatype)).reshape(shape).copy()
+
+
+def _bytes_state(raw: bytes, shape: list[int]) -> np.ndarray:
+    """A TYPE_STRING state's initial value from its file. Triton copies the file as it is,
+    whatever its size (no check for STRING, the model loads), and leaves its bytes to the
+    backend; here the elements are the file's length-prefixed strings, read as far as they go:
+    an element cut short keeps the bytes that are there, missing ones are empty."""
+    count = int(np.prod(shape)) if shape else 1
+    items: list[bytes] = []
+    offset = 0
+    while len(items) < count and offset + 4 <= len(raw):
+        length = int.from_bytes(raw[offset:offset + 4], "little")
+        items.append(raw[offset + 4:offset + 4 + length])
+        offset += 4 + length
+    items.extend(b"" for _ in range(count - len(items)))
+    return datatypes.bytes_array(items, shape)
 
 
 class SequenceStates:

@@ -883,7 +883,11 @@ class PythonInstance(Instance):
         """A model's pb_utils.InferenceResponse as the host's response (an error response if invalid)."""
         if response.has_error():
             err: Any = response.error()
-            return self._error_response(error_for(_host_code(err.code()), err.message()), request)
+            error = error_for(_host_code(err.code()), err.message())
+            # Triton's python backend reports a request that got an error response, rather
+            # than an exception from execute, as a success in its statistics (checked on 2.51)
+            error.counted_as_success = True  # type: ignore[attr-defined]
+            return self._error_response(error, request)
         host = self._base_response(request)
         raw = response.parameters()
         if raw and raw != "{}":  # most responses carry none: skip the JSON parse
