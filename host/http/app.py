@@ -55,14 +55,15 @@ class _Resource:
     def body(self, req: falcon.Request) -> bytes:
         return self.env_body(req.env)
 
-    def env_body(self, env: dict[str, Any], json_only: bool = False) -> bytes:
+    def env_body(self, env: dict[str, Any], json_only: bool = False, infer: bool = False) -> bytes:
         """The request body from the WSGI environ, size-limited and decompressed. `json_only`:
-        a body that is JSON whatever its headers say (generate ignores the header length)."""
+        a body that is JSON whatever its headers say (generate ignores the header length);
+        `infer`: an infer request (see body.read_decoded)."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
         header = None if json_only else env.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
         kind = "JSON" if header is None else "raw" if header.strip() == "0" else "body"
         return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
-                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind)
+                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind, infer)
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""
@@ -124,7 +125,7 @@ class Infer(_Resource):
         fast path both call this, so the rules live here once)."""
         request = None
         try:
-            data = self.env_body(env)
+            data = self.env_body(env, infer=True)
             header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
             request, fmt = codec.decode_infer_request(data, header_length, model,
                                                       validation.parse_version(version))
