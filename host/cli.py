@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -20,6 +21,20 @@ def _bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _metrics_address(args: argparse.Namespace) -> str:
+    """--metrics-address, by default the HTTP address (as in Triton, HTTP served or not). With
+    HTTP off, an HTTP address that is no address (Triton's QA passes `-47`) leaves Triton's
+    metrics listening on INADDR_NONE (inet_addr's answer), the server starting: the same here."""
+    if args.metrics_address is not None:
+        return str(args.metrics_address)
+    if not args.allow_http:
+        try:
+            socket.getaddrinfo(args.http_address.strip("[]"), None)
+        except (socket.gaierror, UnicodeError):
+            return "255.255.255.255"
+    return str(args.http_address)
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:
@@ -210,12 +225,17 @@ def _serve_parser(sub) -> None:
     p.add_argument("--grpc-infer-response-compression-level", default="none",
                    choices=("none", "low", "medium", "high"),
                    help="compress gRPC responses (requests are accepted gzip/deflate-compressed)")
-    p.add_argument("--metrics-address", default="0.0.0.0",
-                   help="address the Prometheus metrics server listens on")
+    p.add_argument("--metrics-address", default=None,
+                   help="address the Prometheus metrics server listens on (default: the HTTP "
+                   "address, as in Triton)")
     p.add_argument("--metrics-port", type=int, default=8002, help="port of the metrics server")
-    _flag(p, "--allow-http", "accepted for compatibility: HTTP is always served", default=True)
+    _flag(p, "--allow-http", "serve HTTP/REST (off: no TCP port is opened for it)", default=True)
     _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService)", default=True)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
+    _flag(p, "--reuse-http-port", "let several servers listen on the same HTTP port "
+          "(SO_REUSEPORT)", default=False)
+    _flag(p, "--reuse-grpc-port", "let several servers listen on the same gRPC port "
+          "(SO_REUSEPORT)", default=False)
     _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
           "for tensors", default=False)
     p.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
@@ -294,11 +314,13 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_compression_level=args.grpc_infer_response_compression_level,
-        metrics_address=args.metrics_address,
+        metrics_address=_metrics_address(args),
         metrics_port=args.metrics_port,
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        reuse_http_port=bool(args.reuse_http_port),
+        reuse_grpc_port=bool(args.reuse_grpc_port),
         allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,

@@ -173,7 +173,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if args.grpc_max_response_pool_size is not None and args.grpc_max_response_pool_size <= 0:
         raise SystemExit("modelhost: Error: --grpc-max-response-pool-size must be greater than 0.")
     if args.model_config_name == "":
-        raise SystemExit("modelhost: empty argument for --model-config-name")
+        raise SystemExit("modelhost: Error: empty argument for --model-config-name")
     for device, fraction in args.model_load_gpu_limit:  # Triton's checks and texts
         if device < 0:
             raise SystemExit("error: setting model load GPU limit: Invalid argument - expects "
