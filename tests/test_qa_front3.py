@@ -15,6 +15,11 @@ differently from Triton 2.51 (checked side by side with tritonserver 2.51):
   --reuse-http-port / --reuse-grpc-port let several servers listen on one port; the metrics
   address defaults to the HTTP address.
 - L0_custom_model_config: an empty --model-config-name is refused with Triton's "Error: ..." text.
+- L0_backend_config: --backend-config values are parsed as Triton parses them, with its texts
+  ("--backend-config option format is ..."; an empty value is refused); each model load logs
+  (verbose) whether default-max-batch-size keeps its default or is overwritten, a backend logs
+  its "backend configuration:" JSON, a dynamic batcher its "Starting dynamic-batcher thread"
+  line; the onnxruntime auto-complete takes default-max-batch-size (0: no batching).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] },
         { name: "INPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] },
          { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+dynamic_batching { }
 """
 
 BODY = json.dumps({"inputs": [
@@ -82,8 +88,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator:
-    # every non-infer gRPC answer held 1 s (L0_client_timeout)
-    with serve(repo, env={"TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC": "1"}) as s:
+    # every non-infer gRPC answer held 1 s (L0_client_timeout); L0_backend_config's flags
+    with serve(repo, "--log-verbose=1", "--backend-config=default-max-batch-size=6",
+               "--backend-config=python,min-compute-capability=XX",
+               env={"TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC": "1"}) as s:
         yield s
 
 
@@ -129,7 +137,7 @@ def test_grpc_response_delay_hook_makes_client_deadlines_pass(server) -> None:
         item.set_data_from_numpy(np.ones((1, 4), np.int32))
     result = client.infer("add_sub", inputs, client_timeout=0.9)
     assert result.as_numpy("OUTPUT0").tolist() == [[2, 2, 2, 2]]
-    assert "Delaying the write of the response by 1 seconds" not in server.log_text()  # verbose only
+    assert "Delaying the write of the response by 1 seconds" in server.log_text()  # verbose
     client.close()
 
 
@@ -252,3 +260,41 @@ def test_reuse_ports_and_same_port_on_other_addresses(repo: Path) -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+# --- L0_backend_config ------------------------------------------------------------------------
+
+def test_backend_config_parse_errors_have_tritons_text(repo: Path) -> None:
+    fmt = "--backend-config option format is '<backend name>,<setting>=<value>'. Got "
+    assert fmt + "default-max-batch-size=\n" in _refused(repo, "--backend-config=default-max-batch-size=") + "\n"
+    assert fmt + "default-max-batch-size\n" in _refused(repo, "--backend-config=default-max-batch-size") + "\n"
+    assert ("No backend specified. --backend-config option format is <backend name>,<setting>="
+            "<value> or <setting>=<value>. Got ,default-max-batch-size=3") in _refused(
+                repo, "--backend-config=,default-max-batch-size=3")
+
+
+def test_backend_config_log_lines(server) -> None:
+    log = server.log_text()
+    assert '"Found overwritten default setting: default-max-batch-size,6"' in log
+    line = next(x for x in log.splitlines() if "backend configuration:" in x)
+    payload = line.split('] "backend configuration:\\n', 1)[1].rstrip('"').replace('\\"', '"')
+    cmdline = json.loads(payload)["cmdline"]
+    assert cmdline["default-max-batch-size"] == "6" and cmdline["min-compute-capability"] == "XX"
+    assert {"auto-complete-config", "backend-directory"} <= set(cmdline)
+    assert "Starting dynamic-batcher thread for add_sub at nice 0..." in log
+
+
+def test_onnxruntime_default_max_batch_size_setting() -> None:
+    backend = pytest.importorskip("modelhost_onnxruntime.backend")
+    from types import SimpleNamespace
+
+    from host.proto import model_config_pb2 as mc
+
+    args = [SimpleNamespace(name=n, shape=["batch", 16], type="tensor(float)") for n in ("X", "Y")]
+    for setting, expected in (({}, 4), ({"default-max-batch-size": "5"}, 5),
+                              ({"default-max-batch-size": "0"}, 0)):
+        config = mc.ModelConfig(name="m")
+        backend.auto_complete(config, args[:1], args[1:], backend._default_max_batch_size(setting))
+        assert config.max_batch_size == expected
+        assert config.HasField("dynamic_batching") == (expected > 0)
+        assert list(config.input[0].dims) == ([16] if expected else [-1, 16])
