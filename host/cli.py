@@ -23,6 +23,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def _strict_model_config(value: bool | None) -> bool:
+    if value is not None:  # Triton's warning, on stderr
+        print("Warning: '--strict-model-config' has been deprecated! Please use "
+              "'--disable-auto-complete-config' instead.", file=sys.stderr, flush=True)
+    return bool(value)
+
+
 def _metrics_address(args: argparse.Namespace) -> str:
     """--metrics-address, by default the HTTP address (as in Triton, HTTP served or not). With
     HTTP off, an HTTP address that is no address (Triton's QA passes `-47`) leaves Triton's
@@ -137,15 +144,31 @@ def _metrics_setting(text: str) -> tuple[str, str]:
     return key, value
 
 
+# Triton's texts (its command-line parser) for the trace flags --trace-config replaces.
+_TRACE_DEPRECATED = {
+    "file": "Warning: '--trace-file' has been deprecated and will be removed in future releases. "
+            "Please use '--trace-config triton,file=<filepath> instead.",
+    "level": "Warning: '--trace-level' has been deprecated and will be removed in future "
+             "releases. Please use '--trace-config level=<OFF|TIMESTAMPS|TENSORS> instead.",
+    "rate": "Warning: '--trace-rate' has been deprecated and will be removed in future releases. "
+            "Please use '--trace-config rate=<rate value> instead.",
+    "count": "Warning: '--trace-count' has been deprecated and will be removed in future "
+             "releases. Please use '--trace-config count=<count value> instead.",
+    "log_frequency": "Warning: '--trace-log-frequency' has been deprecated and will be removed "
+                     "in future releases. Please use '--trace-config triton,log-frequency=<log "
+                     "frequency value> instead.",
+}
+
+
 def trace_config(args: argparse.Namespace):
     from host.trace import parse_config
 
     deprecated = {"file": args.trace_file, "level": args.trace_level, "rate": args.trace_rate,
                   "count": args.trace_count, "log_frequency": args.trace_log_frequency}
     for flag, value in deprecated.items():
-        if value not in (None, []):
-            logging.getLogger(__name__).warning(
-                "--trace-%s is deprecated: use --trace-config instead", flag.replace("_", "-"))
+        # Triton's warning on stderr, once per occurrence of the flag
+        for _ in value if isinstance(value, list) else [] if value is None else [value]:
+            print(_TRACE_DEPRECATED[flag], file=sys.stderr, flush=True)
     try:
         return parse_config(args.trace_config, deprecated)
     except ValueError as exc:
@@ -209,7 +232,7 @@ def _serve_parser(sub) -> None:
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
     _flag(p, "--exit-on-error", "exit if any model fails to load at start", default=None)
     _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
-          "--disable-auto-complete-config")
+          "--disable-auto-complete-config", default=None)
     _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
           "READY (default false here; Triton's default is true)", default=False)
     p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
@@ -305,7 +328,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         backend_directory=args.backend_directory,
         exit_on_error=bool(args.exit_on_error),
         serve_without_repository=args.exit_on_error is False,
-        strict_model_config=args.strict_model_config,
+        strict_model_config=_strict_model_config(args.strict_model_config),
         blocked_plugins=args.block_plugin,
         http_address=args.http_address,
         http_port=args.http_port,

@@ -15,6 +15,8 @@ differently from Triton 2.51 (checked side by side with tritonserver 2.51):
   --reuse-http-port / --reuse-grpc-port let several servers listen on one port; the metrics
   address defaults to the HTTP address.
 - L0_custom_model_config: an empty --model-config-name is refused with Triton's "Error: ..." text.
+- L0_cmdline_trace: the deprecated --trace-* flags and --strict-model-config print Triton's
+  warnings (once each, on stderr).
 - L0_backend_config: --backend-config values are parsed as Triton parses them, with its texts
   ("--backend-config option format is ..."; an empty value is refused); each model load logs
   (verbose) whether default-max-batch-size keeps its default or is overwritten, a backend logs
@@ -298,3 +300,16 @@ def test_onnxruntime_default_max_batch_size_setting() -> None:
         assert config.max_batch_size == expected
         assert config.HasField("dynamic_batching") == (expected > 0)
         assert list(config.input[0].dims) == ([16] if expected else [-1, 16])
+
+
+# --- L0_cmdline_trace -------------------------------------------------------------------------
+
+def test_deprecated_trace_flags_warn_with_tritons_text(tmp_path: Path) -> None:
+    out = _refused(tmp_path / "missing", "--trace-file", str(tmp_path / "t.json"), "--trace-rate=100",
+                   "--trace-level=TIMESTAMPS", "--trace-log-frequency=50", "--trace-count=100",
+                   "--strict-model-config=false")
+    for flag in ("file", "rate", "level", "log-frequency", "count"):
+        assert out.count(f"Warning: '--trace-{flag}' has been deprecated and will be removed in "
+                         "future releases. Please use '--trace-config ") == 1, flag
+    assert out.count("Warning: '--strict-model-config' has been deprecated! Please use "
+                     "'--disable-auto-complete-config' instead.") == 1
