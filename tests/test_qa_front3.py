@@ -17,6 +17,9 @@ differently from Triton 2.51 (checked side by side with tritonserver 2.51):
 - L0_custom_model_config: an empty --model-config-name is refused with Triton's "Error: ..." text.
 - L0_cmdline_trace: the deprecated --trace-* flags and --strict-model-config print Triton's
   warnings (once each, on stderr).
+  A trace of an HTTP or gRPC infer request has the front end's activities (HTTP_RECV_START,
+  HTTP_RECV_END, HTTP_SEND_START, HTTP_SEND_END; GRPC_WAITREAD_START, GRPC_WAITREAD_END,
+  GRPC_SEND_START, GRPC_SEND_END), which the QA's trace_summary.py needs to count a trace.
 - L0_backend_config: --backend-config values are parsed as Triton parses them, with its texts
   ("--backend-config option format is ..."; an empty value is refused); each model load logs
   (verbose) whether default-max-batch-size keeps its default or is overwritten, a backend logs
@@ -89,10 +92,18 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path) -> Iterator:
-    # every non-infer gRPC answer held 1 s (L0_client_timeout); L0_backend_config's flags
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("traces") / "trace.json"
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, traces: Path) -> Iterator:
+    # every non-infer gRPC answer held 1 s (L0_client_timeout); L0_backend_config's flags;
+    # every request traced, each trace written to its own file (L0_cmdline_trace)
     with serve(repo, "--log-verbose=1", "--backend-config=default-max-batch-size=6",
                "--backend-config=python,min-compute-capability=XX",
+               "--trace-config", f"triton,file={traces}", "--trace-config", "level=TIMESTAMPS",
+               "--trace-config", "rate=1", "--trace-config", "triton,log-frequency=1",
                env={"TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC": "1"}) as s:
         yield s
 
@@ -313,3 +324,38 @@ def test_deprecated_trace_flags_warn_with_tritons_text(tmp_path: Path) -> None:
                          "future releases. Please use '--trace-config ") == 1, flag
     assert out.count("Warning: '--strict-model-config' has been deprecated! Please use "
                      "'--disable-auto-complete-config' instead.") == 1
+
+
+def test_traces_have_the_front_end_activities(server, traces: Path) -> None:
+    from host.testing import wait_until
+
+    inputs = [grpcclient.InferInput(name, [1, 4], "INT32") for name in ("INPUT0", "INPUT1")]
+    for item in inputs:
+        item.set_data_from_numpy(np.ones((1, 4), np.int32))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.infer("add_sub", inputs, request_id="traced-grpc")
+    client.close()
+    r = requests.post(f"{server.http_url}/v2/models/add_sub/infer",
+                      data=json.dumps({"id": "traced-http", **json.loads(BODY)}),
+                      proxies=NO_PROXY, timeout=30)
+    assert r.status_code == 200
+
+    def found() -> dict[str, list[str]] | None:
+        names: dict[str, list[str]] = {}
+        for path in traces.parent.glob(f"{traces.name}.*"):
+            try:
+                entries = json.loads(path.read_text())
+            except ValueError:  # being written
+                return None
+            head = next(e for e in entries if "model_name" in e)
+            names[head.get("request_id", "")] = [
+                s["name"] for e in entries for s in e.get("timestamps", [])]
+        return names if {"traced-grpc", "traced-http"} <= set(names) else None
+
+    names = wait_until(found)
+    core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+            "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+    assert names["traced-http"] == ["HTTP_RECV_START", "HTTP_RECV_END", *core,
+                                    "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert names["traced-grpc"] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core,
+                                    "GRPC_SEND_START", "GRPC_SEND_END"]

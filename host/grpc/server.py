@@ -114,10 +114,12 @@ def _error_status(exc: BaseException) -> tuple[int, bytes]:
 class _UnaryCall:
     """One unary call: receive the request, run the method, send response and status."""
 
-    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata")
+    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata", "read_ns")
 
     def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any],
                  metadata: Any = ()) -> None:
+        # when the call began waiting for its request, then had it (Triton's GRPC_WAITREAD_*)
+        self.read_ns = (time.perf_counter_ns(), 0)
         self.call = call
         self.metadata = metadata  # the client's (key, value) pairs
         self.method = method
@@ -145,6 +147,7 @@ class _UnaryCall:
         if not event.success:  # cancelled before the request arrived
             return
         data = event.batch_operations[0].message()
+        self.read_ns = (self.read_ns[0], time.perf_counter_ns())
         try:
             if data is None:
                 raise _Status(grpc.StatusCode.INTERNAL, "the call carried no request message")

@@ -11,6 +11,7 @@ import base64
 import binascii
 import logging
 import sys
+import time
 from typing import Any, Iterator
 
 import falcon
@@ -124,11 +125,16 @@ class Infer(_Resource):
         """Headers and body of the answer to one infer request (the falcon responder and the
         fast path both call this, so the rules live here once)."""
         request = None
+        received = time.perf_counter_ns()
         try:
             data = self.env_body(env, infer=True)
             header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
             request, fmt = codec.decode_infer_request(data, header_length, model,
                                                       validation.parse_version(version))
+            # Triton's HTTP activities, for a trace (host.trace); the send ones are stamped
+            # when the answer is ready (the worker writes it just after)
+            request.frontend_trace = [("HTTP_RECV_START", received),
+                                      ("HTTP_RECV_END", time.perf_counter_ns())]
             if self.forward is not None:
                 self.forward.apply(request, wsgi_headers(env))
             response = self.host.infer(request)
@@ -138,6 +144,9 @@ class Infer(_Resource):
                 log.debug("[request id: %s] Infer failed: %s",
                           (request.id if request is not None else "") or "<id_unknown>", ex.message)
             raise
+        finally:
+            if request is not None and request.trace is not None:
+                request.trace.frontend_done(("HTTP_SEND_START", "HTTP_SEND_END"))
         if json_length is None:
             headers = [("Content-Type", JSON)]
         else:

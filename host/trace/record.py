@@ -25,7 +25,7 @@ class Trace:
     """The record of one sampled request: its activities in order, then written or exported."""
 
     __slots__ = ("id", "setting", "model_name", "model_version", "request_id", "stamps",
-                 "tensors", "wall_offset", "compute_open", "parent")
+                 "tensors", "wall_offset", "compute_open", "parent", "_pending", "_lock", "_sent")
 
     def __init__(self, setting: TraceSetting, request: InferenceRequest, version: int) -> None:
         self.id = next(_ids)
@@ -40,6 +40,14 @@ class Trace:
         self.wall_offset = time.time_ns() - time.perf_counter_ns()
         self.compute_open = False
         self.parent: Any = None  # a propagated OpenTelemetry context, if the request had one
+        # What is still to come before the trace is written: the request's end, and the front
+        # end's send activities when it stamped its receive ones (request.frontend_trace).
+        self._pending = 1
+        self._lock: threading.Lock | None = None
+        self._sent: tuple[str, ...] = ()
+        if request.frontend_trace:
+            self.stamps += request.frontend_trace
+            self._pending, self._lock = 2, threading.Lock()
 
     def compute(self, start: int, input_end: int, output_start: int) -> None:
         """The execute that served the request (called by the scheduler before it responds)."""
@@ -58,6 +66,23 @@ class Trace:
 
     def end(self) -> None:
         self.stamps.append(("REQUEST_END", time.perf_counter_ns()))
+        self._one_done()
+
+    def frontend_done(self, names: tuple[str, ...]) -> None:
+        """The front end answered (`names`: HTTP_SEND_START/END or GRPC_SEND_START/END): called
+        once, by a front end that gave the request its `frontend_trace`. They are stamped when
+        the request has also ended, after REQUEST_END as in Triton."""
+        self._sent = names
+        self._one_done()
+
+    def _one_done(self) -> None:
+        if self._lock is not None:
+            with self._lock:
+                self._pending -= 1
+                if self._pending:
+                    return
+            now = time.perf_counter_ns()
+            self.stamps += ((name, now) for name in self._sent)
         self.setting.finish(self)
 
     # triton mode: Triton's JSON trace objects, one per activity
