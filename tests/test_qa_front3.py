@@ -1,5 +1,6 @@
 """Front-end behaviour that Triton's QA tests check (server repo qa/L0_data_compression,
-qa/L0_client_timeout, qa/L0_socket, qa/L0_custom_model_config).
+qa/L0_client_timeout, qa/L0_socket, qa/L0_custom_model_config, qa/L0_cmdline_trace,
+qa/L0_backend_config, qa/L0_simple_ensemble).
 
 Each test reproduces, with a small model of its own, one thing a QA test found modelhost doing
 differently from Triton 2.51 (checked side by side with tritonserver 2.51):
@@ -20,6 +21,8 @@ differently from Triton 2.51 (checked side by side with tritonserver 2.51):
   A trace of an HTTP or gRPC infer request has the front end's activities (HTTP_RECV_START,
   HTTP_RECV_END, HTTP_SEND_START, HTTP_SEND_END; GRPC_WAITREAD_START, GRPC_WAITREAD_END,
   GRPC_SEND_START, GRPC_SEND_END), which the QA's trace_summary.py needs to count a trace.
+- L0_simple_ensemble: a config.pbtxt that does not parse also writes the C++ protobuf library's
+  unescaped stderr line (its QA greps `Expected integer, got: "invalid_value"`), once.
 - L0_backend_config: --backend-config values are parsed as Triton parses them, with its texts
   ("--backend-config option format is ..."; an empty value is refused); each model load logs
   (verbose) whether default-max-batch-size keeps its default or is overwritten, a backend logs
@@ -359,3 +362,18 @@ def test_traces_have_the_front_end_activities(server, traces: Path) -> None:
                                     "HTTP_SEND_START", "HTTP_SEND_END"]
     assert names["traced-grpc"] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core,
                                     "GRPC_SEND_START", "GRPC_SEND_END"]
+
+
+# --- L0_simple_ensemble (its invalid max_inflight_requests checks) ------------------------------
+
+def test_config_parse_error_writes_protobufs_unescaped_line(tmp_path: Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.py").write_text(ADD_SUB)
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        CONFIG.replace('"add_sub"', '"m"').replace("max_batch_size: 8",
+                                                    'max_batch_size: "invalid_value"'))
+    out = _refused(tmp_path, "--exit-on-error=true", "--http-port", str(free_port()),
+                   "--grpc-port", str(free_port()), "--metrics-port", str(free_port()))
+    line = ("[libprotobuf ERROR google/protobuf/text_format.cc:337] Error parsing text-format "
+            'inference.ModelConfig: 4:17: Expected integer, got: "invalid_value"')
+    assert out.count(line) == 1, out
