@@ -9,6 +9,7 @@ the native-backend bridge.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from pathlib import Path
@@ -37,6 +38,19 @@ def native_library_candidates(name: str, model_path: Path, version: int,
     return paths
 
 
+# Triton's defaults for every backend's settings (TritonModel::SetBackendConfigDefaults).
+BACKEND_CONFIG_DEFAULTS = {"default-max-batch-size": "4"}
+
+
+def _log_default_settings(settings: dict[str, str]) -> None:
+    """Triton's lines (verbose) as each model version is created: a default kept or replaced."""
+    for key, value in BACKEND_CONFIG_DEFAULTS.items():
+        if key in settings:
+            log.debug("Found overwritten default setting: %s,%s", key, settings[key])
+        else:
+            log.debug("Adding default backend config setting: %s,%s", key, value)
+
+
 class BackendPool:
     def __init__(self, registry: Registry, backend_directory: Path | None = None,
                  native_loader: NativeLoader | None = None,
@@ -53,11 +67,18 @@ class BackendPool:
         """The backend for a model version about to load (initialized on first use)."""
         with self._lock:
             if name in self._live:
+                _log_default_settings(self.settings(name))
                 backend, users = self._live[name]
                 self._live[name] = (backend, users + 1)
                 return backend
+            settings = self.settings(name)
+            _log_default_settings(settings)
             backend = self._create(name, model_path, version)
-            backend.config = self.settings(name)
+            backend.config = settings
+            if self.registry.backends.get(name) is not None:
+                # what Triton's backends log when they initialize (a native library logs its own)
+                log.debug("backend configuration:\n%s", json.dumps(
+                    {"cmdline": self.cmdline(settings)}, sort_keys=True, separators=(",", ":")))
             backend.initialize()  # an error here leaves nothing behind: the model fails to load
             self._live[name] = (backend, 1)
             return backend
@@ -77,6 +98,14 @@ class BackendPool:
     def settings(self, name: str) -> dict[str, str]:
         """The backend's --backend-config settings: its own over those for every backend."""
         return {**self.config.get("", {}), **self.config.get(name, {})}
+
+    def cmdline(self, settings: dict[str, str]) -> dict[str, str]:
+        """TRITONBACKEND_BackendConfig's "cmdline": the entries Triton always gives a backend,
+        then its --backend-config settings (which may replace them)."""
+        return {"auto-complete-config": "true",
+                "backend-directory": str(self.backend_directory or "/opt/tritonserver/backends"),
+                "min-compute-capability": "6.000000",
+                **BACKEND_CONFIG_DEFAULTS, **settings}
 
     def in_use(self) -> dict[str, int]:
         with self._lock:

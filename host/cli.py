@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -31,6 +32,27 @@ def _int_bool(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+
+
+def _strict_model_config(value: bool | None) -> bool:
+    if value is not None:  # Triton's warning, on stderr
+        print("Warning: '--strict-model-config' has been deprecated! Please use "
+              "'--disable-auto-complete-config' instead.", file=sys.stderr, flush=True)
+    return bool(value)
+
+
+def _metrics_address(args: argparse.Namespace) -> str:
+    """--metrics-address, by default the HTTP address (as in Triton, HTTP served or not). With
+    HTTP off, an HTTP address that is no address (Triton's QA passes `-47`) leaves Triton's
+    metrics listening on INADDR_NONE (inet_addr's answer), the server starting: the same here."""
+    if args.metrics_address is not None:
+        return str(args.metrics_address)
+    if not args.allow_http:
+        try:
+            socket.getaddrinfo(args.http_address.strip("[]"), None)
+        except (socket.gaierror, UnicodeError):
+            return "255.255.255.255"
+    return str(args.http_address)
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, help: str, default: bool | None = False) -> None:
@@ -133,15 +155,31 @@ def _metrics_setting(text: str) -> tuple[str, str]:
     return key, value
 
 
+# Triton's texts (its command-line parser) for the trace flags --trace-config replaces.
+_TRACE_DEPRECATED = {
+    "file": "Warning: '--trace-file' has been deprecated and will be removed in future releases. "
+            "Please use '--trace-config triton,file=<filepath> instead.",
+    "level": "Warning: '--trace-level' has been deprecated and will be removed in future "
+             "releases. Please use '--trace-config level=<OFF|TIMESTAMPS|TENSORS> instead.",
+    "rate": "Warning: '--trace-rate' has been deprecated and will be removed in future releases. "
+            "Please use '--trace-config rate=<rate value> instead.",
+    "count": "Warning: '--trace-count' has been deprecated and will be removed in future "
+             "releases. Please use '--trace-config count=<count value> instead.",
+    "log_frequency": "Warning: '--trace-log-frequency' has been deprecated and will be removed "
+                     "in future releases. Please use '--trace-config triton,log-frequency=<log "
+                     "frequency value> instead.",
+}
+
+
 def trace_config(args: argparse.Namespace):
     from host.trace import parse_config
 
     deprecated = {"file": args.trace_file, "level": args.trace_level, "rate": args.trace_rate,
                   "count": args.trace_count, "log_frequency": args.trace_log_frequency}
     for flag, value in deprecated.items():
-        if value not in (None, []):
-            logging.getLogger(__name__).warning(
-                "--trace-%s is deprecated: use --trace-config instead", flag.replace("_", "-"))
+        # Triton's warning on stderr, once per occurrence of the flag
+        for _ in value if isinstance(value, list) else [] if value is None else [value]:
+            print(_TRACE_DEPRECATED[flag], file=sys.stderr, flush=True)
     try:
         return parse_config(args.trace_config, deprecated)
     except ValueError as exc:
@@ -205,7 +243,7 @@ def _serve_parser(sub) -> None:
                    help="where native backends libtriton_<name>.so are searched (<dir>/<name>/)")
     _flag(p, "--exit-on-error", "exit if any model fails to load at start", default=None)
     _flag(p, "--strict-model-config", "deprecated (Triton's meaning): true is the same as "
-          "--disable-auto-complete-config")
+          "--disable-auto-complete-config", default=None)
     _flag(p, "--strict-readiness", "report ready only while every model that was loaded is "
           "READY (default false here; Triton's default is true)", default=False)
     p.add_argument("--block-plugin", action="append", default=[], metavar="NAME",
@@ -221,17 +259,22 @@ def _serve_parser(sub) -> None:
     p.add_argument("--grpc-infer-response-compression-level", default="none",
                    choices=("none", "low", "medium", "high"),
                    help="compress gRPC responses (requests are accepted gzip/deflate-compressed)")
-    p.add_argument("--metrics-address", default="0.0.0.0",
-                   help="address the Prometheus metrics server listens on")
+    p.add_argument("--metrics-address", default=None,
+                   help="address the Prometheus metrics server listens on (default: the HTTP "
+                   "address, as in Triton)")
     p.add_argument("--metrics-port", type=int, default=8002, help="port of the metrics server")
     # Triton: a container that Vertex AI runs (AIP_MODE=PREDICTION) serves Vertex AI only,
     # unless these say otherwise.
     vertex_only = cli_triton.vertex_prediction_mode()
-    _flag(p, "--allow-http", "serve the KServe V2 HTTP API (default true; false under "
-          "AIP_MODE=PREDICTION, see --allow-vertex-ai)", default=not vertex_only)
+    _flag(p, "--allow-http", "serve HTTP/REST (off: no TCP port is opened for it; default true, "
+          "false under AIP_MODE=PREDICTION, see --allow-vertex-ai)", default=not vertex_only)
     _flag(p, "--allow-grpc", "serve gRPC (GRPCInferenceService) (default true; false under "
           "AIP_MODE=PREDICTION)", default=not vertex_only)
     _flag(p, "--allow-metrics", "serve Prometheus metrics at /metrics", default=True)
+    _flag(p, "--reuse-http-port", "let several servers listen on the same HTTP port "
+          "(SO_REUSEPORT)", default=False)
+    _flag(p, "--reuse-grpc-port", "let several servers listen on the same gRPC port "
+          "(SO_REUSEPORT)", default=False)
     _flag(p, "--allow-client-shm", "let clients register system and CUDA shared-memory regions "
           "for tensors", default=False)
     p.add_argument("--log-verbose", type=_int_bool, default=0, metavar="LEVEL",
@@ -305,7 +348,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         backend_directory=args.backend_directory,
         exit_on_error=bool(args.exit_on_error),
         serve_without_repository=args.exit_on_error is False,
-        strict_model_config=args.strict_model_config,
+        strict_model_config=_strict_model_config(args.strict_model_config),
         blocked_plugins=args.block_plugin,
         http_address=args.http_address,
         http_port=args.http_port,
@@ -314,11 +357,13 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_compression_level=args.grpc_infer_response_compression_level,
-        metrics_address=args.metrics_address,
+        metrics_address=_metrics_address(args),
         metrics_port=args.metrics_port,
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        reuse_http_port=bool(args.reuse_http_port),
+        reuse_grpc_port=bool(args.reuse_grpc_port),
         allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
         exit_timeout_secs=args.exit_timeout_secs,

@@ -15,18 +15,19 @@ NO_EFFECT = "accepted for compatibility, no effect here:"
 
 
 def _backend_setting(text: str) -> tuple[str, str, str]:
-    """`<backend>,<setting>=<value>`, or `<setting>=<value>` for every backend (Triton's forms)."""
-    head, eq, value = text.partition("=")
-    if not eq:
+    """`<backend>,<setting>=<value>`, or `<setting>=<value>` for every backend: Triton's parse
+    (the first comma ends the backend name, the first `=` after it the setting) and texts."""
+    comma = text.find(",")
+    if comma == 0:
         raise argparse.ArgumentTypeError(
-            f"expected <backend>,<setting>=<value> or <setting>=<value>, got '{text}'")
-    backend, comma, setting = head.partition(",")
-    if not comma:
-        backend, setting = "", head
-    if not setting.strip() or (comma and not backend.strip()):
+            "No backend specified. --backend-config option format is <backend name>,<setting>="
+            f"<value> or <setting>=<value>. Got {text}")
+    eq = text.find("=", comma + 1)
+    setting, value = text[comma + 1:eq], text[eq + 1:]
+    if eq < 0 or not setting or not value:
         raise argparse.ArgumentTypeError(
-            f"expected <backend>,<setting>=<value> or <setting>=<value>, got '{text}'")
-    return backend.strip(), setting.strip(), value
+            f"--backend-config option format is '<backend name>,<setting>=<value>'. Got {text}")
+    return (text[:comma] if comma > 0 else ""), setting, value
 
 
 def _device_size(text: str) -> tuple[int, int]:
@@ -239,7 +240,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if args.grpc_max_response_pool_size is not None and args.grpc_max_response_pool_size <= 0:
         raise SystemExit("modelhost: Error: --grpc-max-response-pool-size must be greater than 0.")
     if args.model_config_name == "":
-        raise SystemExit("modelhost: empty argument for --model-config-name")
+        raise SystemExit("modelhost: Error: empty argument for --model-config-name")
     for device, fraction in args.model_load_gpu_limit:  # Triton's checks and texts
         if device < 0:
             raise SystemExit("error: setting model load GPU limit: Invalid argument - expects "

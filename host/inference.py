@@ -69,6 +69,10 @@ class InferenceRequest:
     shm_outputs: dict[str, tuple[Any, int, int]] | None = None
     # A `host.trace.Trace` when this request was sampled for tracing, else None.
     trace: Any = None
+    # Front-end activities (HTTP_RECV_*, GRPC_WAITREAD_*) stamped before the request reached the
+    # host, by a front end that adds its send activities once it answered (Trace.frontend_done):
+    # a sampled request is then written only after both (Triton writes a trace on its release).
+    frontend_trace: list[tuple[str, int]] | None = None
     first_response_seen: bool = False  # for the first-response histogram (host.latency)
     # The request's W3C trace context headers (traceparent, tracestate), taken by the front end
     # only in OpenTelemetry trace mode (host.headers).

@@ -36,6 +36,10 @@ class ServerOptions:
     metrics_port: int = 8002
     allow_http: bool = True  # false: no KServe V2 HTTP port (a cloud front end may still serve)
     allow_grpc: bool = True
+    # SO_REUSEPORT on the HTTP / gRPC listening socket (Triton's --reuse-http-port,
+    # --reuse-grpc-port): several servers share the port, the kernel spreads the connections.
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
     allow_metrics: bool = True
     allow_client_shm: bool = False  # register/unregister client shared memory (off: refused)
     log_verbose: int = 0

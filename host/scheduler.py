@@ -294,6 +294,7 @@ class DynamicBatcher:
             # Expired requests are rejected on time even while every instance is busy.
             self._threads.append(threading.Thread(target=self._reap, daemon=True,
                                                   name=f"batcher-timeouts-{model.name}"))
+        log.debug("Starting dynamic-batcher thread for %s at nice 0...", model.name)  # Triton's line
         for t in self._threads:
             t.start()
 

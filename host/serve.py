@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import atexit
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -100,13 +103,14 @@ class ServerApplication(BaseApplication):
         # front-end slot this worker is (it chooses the worker's CPU).
         self.engine: Any = None
         self.slot = 0
+        self._no_http_dir: str | None = None
         super().__init__()
 
     def load_config(self) -> None:
         o = self.options
         settings = {
-            # --allow-http=false: an unannounced loopback port (gunicorn needs one to serve).
-            "bind": [f"{_bracket(o.http_address)}:{o.http_port}" if o.allow_http else "127.0.0.1:0"],
+            "bind": [self._http_bind()],
+            "reuse_port": o.reuse_http_port,
             # One worker holds the models; with --frontend-processes N, N workers are front ends
             # of the engine process that holds them (host.frontend).
             "workers": o.frontend_processes if self.engine is not None else 1,
@@ -140,6 +144,18 @@ class ServerApplication(BaseApplication):
         for key, value in settings.items():
             self.cfg.set(key, value)
 
+    def _http_bind(self) -> str:
+        """The HTTP listener; with --allow-http=false a socket file in a private folder, so that
+        no TCP port is opened (gunicorn always listens somewhere) and the port flags are not
+        used, as in Triton."""
+        o = self.options
+        if o.allow_http:
+            return f"{_bracket(o.http_address)}:{o.http_port}"
+        if self._no_http_dir is None:
+            self._no_http_dir = tempfile.mkdtemp(prefix="modelhost-nohttp-")
+            atexit.register(_remove_in, os.getpid(), self._no_http_dir)
+        return f"unix:{os.path.join(self._no_http_dir, 'http.sock')}"
+
     def load(self):
         # Runs in the worker process, after the fork. A failure is one line and gunicorn's
         # boot-error exit status, which stops the server instead of restarting the worker.
@@ -164,7 +180,7 @@ class ServerApplication(BaseApplication):
         app = create_app(self.host, max_input_size=o.http_max_input_size,
                          restrictions=restricted.http(o.http_restricted_api))
         if o.allow_grpc:
-            self._start_grpc(share_port=False)
+            self._start_grpc(share_port=o.reuse_grpc_port)
             if o.grpc_keepalive and o.log_verbose:  # Triton's table of them (verbose 1)
                 from host.grpc.server import keepalive_rows
 
@@ -175,8 +191,6 @@ class ServerApplication(BaseApplication):
         self.cloud = startup.start_cloud_front_ends(app, o, self.metrics)
         if o.allow_http:
             log.info("Started HTTPService at %s:%d", o.http_address, o.http_port)  # Triton's line
-        else:  # gunicorn's listener stays, on a loopback port nobody is told of, answering 404
-            app = _http_disabled
         startup.log_summary(self.host, startup.listening_rows(o, self.grpc, self.metrics, self.cloud))
         if o.log_verbose:
             app = logs.RequestLog(app)
@@ -301,12 +315,10 @@ class ServerApplication(BaseApplication):
         _GracefulArbiter(self).run()
 
 
-def _http_disabled(env: dict, start_response: Any) -> list[bytes]:
-    """The WSGI app of --allow-http=false: gunicorn needs a listener, which then serves nothing."""
-    data = b'{"error":"HTTP service is disabled"}'
-    start_response("404 Not Found", [("Content-Type", "application/json"),
-                                     ("Content-Length", str(len(data)))])
-    return [data]
+def _remove_in(pid: int, folder: str) -> None:
+    """Remove `folder` when the process that made it exits (not a forked worker)."""
+    if os.getpid() == pid:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _nothing(server: Any, worker: Any) -> None:

@@ -36,6 +36,8 @@ class StartupError(Exception):
 # Each endpoint's name in Triton's "failed to start <name> service" line.
 TRITON_SERVICE_NAMES = {"HTTP": "HTTP", "gRPC": "GRPC", "metrics": "Metrics",
                         "SageMaker": "Sagemaker", "Vertex AI": "Vertex AI"}
+# ... and in its "cannot listen to ... requests" lines
+_COLLISION_NAMES = {"gRPC": "GRPC"}
 
 ENDPOINTS = (
     ("HTTP", "http_address", "http_port", "--http-port", "allow_http"),
@@ -74,16 +76,26 @@ def preflight(options: ServerOptions) -> None:
         for name, address, port, _ in endpoints(options):
             if name != "SageMaker" and address == options.sagemaker_address and \
                     not safe[0] <= port <= safe[1]:
-                raise StartupError(f"The server cannot listen to {TRITON_SERVICE_NAMES[name]} "
+                raise StartupError(f"The server cannot listen to {_COLLISION_NAMES.get(name, name)} "
                                    f"requests at port {port}, allowed port range is "
                                    f"[{safe[0]}, {safe[1]}]")
-    seen: dict[int, str] = {}
+    check_port_collision(options)
+    reuse = {"HTTP": options.reuse_http_port, "gRPC": options.reuse_grpc_port}
     for name, address, port, flag in endpoints(options):
-        if port in seen and port != 0:
-            raise StartupError(f"the {name} and {seen[port]} servers are both given port {port}: "
-                               f"give each its own ({flag})")
-        seen[port] = name
-        check_port_free(name, address, port, flag)
+        check_port_free(name, address, port, flag, reuse.get(name, False))
+
+
+def check_port_collision(options: ServerOptions) -> None:
+    """Triton's check (CheckPortCollision) and its text: two enabled services given the same
+    address (as written) and port; the same port on different addresses is allowed."""
+    given = endpoints(options)
+    for i, (name, address, port, _) in enumerate(given):
+        for other, other_address, other_port, _ in given[i + 1:]:
+            if address == other_address and port == other_port:
+                raise StartupError(
+                    f"The server cannot listen to {_COLLISION_NAMES.get(name, name)} requests "
+                    f"and {_COLLISION_NAMES.get(other, other)} requests at the same address "
+                    f"and port {address}:{port}")
 
 
 # Where the hard limit is unlimited: the kernel's default ceiling for one process (fs.nr_open).
@@ -114,9 +126,10 @@ def raise_file_limit() -> None:
 PORT_WAIT_SECONDS = 5.0
 
 
-def check_port_free(name: str, address: str, port: int, flag: str) -> None:
+def check_port_free(name: str, address: str, port: int, flag: str, reuse_port: bool = False) -> None:
     """Bind the address and port the way the server will, and let go; StartupError when it
-    stays taken for PORT_WAIT_SECONDS."""
+    stays taken for PORT_WAIT_SECONDS. `reuse_port`: the server binds with SO_REUSEPORT (a port
+    that other servers hold the same way is free for it)."""
     if port == 0:
         return
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -125,6 +138,8 @@ def check_port_free(name: str, address: str, port: int, flag: str) -> None:
         try:
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 sock.bind((address.strip("[]"), port))
             return
         except OSError as exc:

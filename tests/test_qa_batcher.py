@@ -442,8 +442,10 @@ def test_preserve_ordering_with_two_instances(served):
     assert _arrival_order(server, logs / "ordered") == ["slow", "fast"]
 
 
-TRACE_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-               "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+# Over HTTP, inside the front end's own activities (HTTP_RECV_* ... HTTP_SEND_*), as Triton's.
+TRACE_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
+               "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
+               "INFER_RESPONSE_COMPLETE", "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
 
 
 @pytest.mark.skipif(compiler() is None, reason="no C compiler to build the test backend")

@@ -115,7 +115,8 @@ def test_ready_summary_lists_models_and_endpoints(tmp_path):
     broken = next(line for line in log.splitlines() if line.startswith("| broken "))
     assert "| 1       | UNAVAILABLE |" in broken and "no plugin provides backend 'no_such_backend'" in broken
     assert f"| HTTP (KServe V2 / Triton REST)        | 127.0.0.1:{server.http_port}" in log
-    assert f"0.0.0.0:{server.grpc_port}" in log and f"0.0.0.0:{server.metrics_port}" in log
+    # the metrics address defaults to the HTTP one, as in Triton
+    assert f"0.0.0.0:{server.grpc_port}" in log and f"127.0.0.1:{server.metrics_port}" in log
     assert "Listening at" not in log  # gunicorn's own start-up lines only at --log-verbose
 
 

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.modelhost_only
 MODELS = Path(__file__).resolve().parent / "obs_models"
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
          "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+# ... with the HTTP front end's activities around them, as Triton's (qa/L0_cmdline_trace's
+# trace_summary.py keeps only traces that have them)
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", *ORDER, "HTTP_SEND_START", "HTTP_SEND_END"]
 
 
 def _inputs(module=httpclient) -> list:
@@ -85,7 +88,7 @@ def test_rate_and_count_write_an_indexed_trace_file(traced):
         for n, i in enumerate(sorted(traces))]
     for t in traces.values():
         names = [n for n, _ in t["stamps"]]
-        assert names == ORDER
+        assert names == HTTP_ORDER
         times = [ns for _, ns in t["stamps"]]
         assert times == sorted(times) and before <= times[0] and times[-1] <= after
 
@@ -136,7 +139,7 @@ def test_tensor_level_records_inputs_and_outputs(traced, tmp_path):
     client.infer("echo", _inputs(), request_id="tensors")
     new = wait_until(lambda: set(trace_file.parent.iterdir()) - before)
     (trace,) = _traces(_read(new.pop())).values()
-    assert [n for n, _ in trace["stamps"]] == ORDER
+    assert [n for n, _ in trace["stamps"]] == HTTP_ORDER
     by_activity = {(t["activity"], t["tensor"]["name"]): t["tensor"] for t in trace["tensors"]}
     assert by_activity[("TENSOR_QUEUE_INPUT", "IN")] == {
         "name": "IN", "data": "0,1,2", "shape": "3", "dtype": "FP32"}
@@ -216,7 +219,7 @@ def test_deprecated_flags_and_shutdown_write_the_main_file(tmp_path):
         assert server.stop() == 0
     traces = _traces(_read(trace_file))
     assert [t["head"]["request_id"] for t in traces.values()] == ["last"]
-    assert [n for n, _ in next(iter(traces.values()))["stamps"]] == ORDER
+    assert [n for n, _ in next(iter(traces.values()))["stamps"]] == HTTP_ORDER
 
 
 # --- OpenTelemetry ---------------------------------------------------------------------------
@@ -334,9 +337,14 @@ def test_opentelemetry_spans_reach_an_otlp_endpoint(collector):
         assert attributes["triton.trace_id"].int_value > 0
         assert [e.name for e in model.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
         assert [e.name for e in compute.events] == ORDER[2:6]
-        assert [e.name for e in root.events] == ["INFER_RESPONSE_COMPLETE"]
+        # the front end's activities are events of the root span, as in Triton
+        protocol = "HTTP" if attributes["triton.request_id"].string_value == "otel-h" else "GRPC"
+        recv = ["HTTP_RECV_START", "HTTP_RECV_END"] if protocol == "HTTP" else \
+            ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"]
+        assert [e.name for e in root.events] == [
+            *recv, "INFER_RESPONSE_COMPLETE", f"{protocol}_SEND_START", f"{protocol}_SEND_END"]
         times = [model.events[0].time_unix_nano, model.events[1].time_unix_nano,
-                 *(e.time_unix_nano for e in compute.events), root.events[0].time_unix_nano,
+                 *(e.time_unix_nano for e in compute.events), root.events[2].time_unix_nano,
                  model.events[2].time_unix_nano]
         # INFER_RESPONSE_COMPLETE and REQUEST_END are stamped once the response is handed to the
         # front end, which may already have delivered it: only the earlier ones precede `end`.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,9 +28,24 @@ def parse_config_text(text: str, source: str) -> ModelConfig:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise InvalidArgumentError(
-            f"failed to read text proto from {source}: {_cpp_parse_error(str(exc))}") from None
+        detail = _cpp_parse_error(str(exc))
+        if (source, text) not in _REPORTED:  # a config is read more than once per load
+            _REPORTED[(source, text)] = None
+            _libprotobuf_error(detail)
+        raise InvalidArgumentError(f"failed to read text proto from {source}: {detail}") from None
     return config
+
+
+_REPORTED: dict[tuple[str, str], None] = {}  # broken configs whose line was written
+
+
+def _libprotobuf_error(detail: str) -> None:
+    """The line the C++ protobuf library writes to stderr when Triton fails to parse a config,
+    unescaped (Triton's QA greps it: `Expected integer, got: "invalid_value"`)."""
+    found = re.match(r"(\d+):(\d+) : '.*': (.*)$", detail, re.S)
+    where, what = (f"{found.group(1)}:{found.group(2)}", found.group(3)) if found else ("", detail)
+    print("[libprotobuf ERROR google/protobuf/text_format.cc:337] Error parsing text-format "
+          f"inference.ModelConfig: {where + ': ' if where else ''}{what}", file=sys.stderr, flush=True)
 
 
 def _cpp_parse_error(message: str) -> str:

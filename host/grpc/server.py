@@ -35,6 +35,8 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -129,10 +131,13 @@ class _CallCount:
 class _UnaryCall:
     """One unary call: receive the request, run the method, send response and status."""
 
-    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata", "counter")
+    __slots__ = ("call", "method", "parse", "cancelled", "callbacks", "metadata", "counter",
+                 "read_ns")
 
     def __init__(self, call: Any, method: Callable[[Any, Any], Any], parse: Callable[[bytes], Any],
                  metadata: Any = (), counter: _CallCount | None = None) -> None:
+        # when the call began waiting for its request, then had it (Triton's GRPC_WAITREAD_*)
+        self.read_ns = (time.perf_counter_ns(), 0)
         self.call = call
         self.counter = counter  # inference calls: counted until they end (GrpcServer.drain)
         if counter is not None:
@@ -165,6 +170,7 @@ class _UnaryCall:
         if not event.success:  # cancelled before the request arrived
             return
         data = event.batch_operations[0].message()
+        self.read_ns = (self.read_ns[0], time.perf_counter_ns())
         try:
             if data is None:
                 raise _Status(grpc.StatusCode.INTERNAL, "the call carried no request message")
@@ -388,17 +394,39 @@ def _refuse(call: Any, code: int, details: bytes, record: GrpcCallLog | None) ->
 
 # --- the server -----------------------------------------------------------------------------
 
+def _response_delay_s() -> int:
+    """TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC, Triton's testing hook (read once at start,
+    as atoi does: 0 when unset or not a number) that holds the answer of every rpc but the
+    infer ones for that many seconds; its QA (L0_client_timeout) makes client deadlines pass."""
+    match = re.match(r"\s*[+-]?\d+", os.environ.get("TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC", ""))
+    return max(int(match.group()), 0) if match else 0
+
+
+def _delayed(method: Callable[[Any, Any], Any], seconds: int) -> Callable[[Any, Any], Any]:
+    def run(request: Any, call: Any) -> Any:
+        try:
+            return method(request, call)
+        finally:  # Triton holds errors too: the delay is in writing the answer
+            log.debug("Delaying the write of the response by %d seconds", seconds)
+            time.sleep(seconds)
+    return run
+
+
 def _unary_table(servicer: Servicer) -> dict[bytes, tuple[Callable, Callable]]:
     """Every unary rpc of the service: its path -> (servicer method, request parser)."""
-    table = {}
+    table: dict[bytes, tuple[Callable, Callable]] = {}
+    delay = _response_delay_s()
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         if method.client_streaming or method.server_streaming:
             continue
         request_class = getattr(pb, method.input_type.name)
-        table[f"/{SERVICE}/{method.name}".encode()] = (getattr(servicer, method.name),
-                                                      request_class.FromString)
+        handler = getattr(servicer, method.name)
+        if delay and method.name != "ModelInfer":
+            handler = _delayed(handler, delay)
+        table[f"/{SERVICE}/{method.name}".encode()] = (handler, request_class.FromString)
     # The standard health service Triton also serves (its request names a service: ignored).
-    table[b"/grpc.health.v1.Health/Check"] = (servicer.Check, bytes)
+    table[b"/grpc.health.v1.Health/Check"] = (
+        _delayed(servicer.Check, delay) if delay else servicer.Check, bytes)
     return table
 
 

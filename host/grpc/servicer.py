@@ -112,10 +112,19 @@ class Servicer:
     # --- inference -------------------------------------------------------------------------
     def ModelInfer(self, request: Any, call: Call) -> Any:
         infer_request = codec.decode_infer_request(request)
+        read_ns = getattr(call, "read_ns", None)
+        if read_ns is not None:  # Triton's gRPC activities, for a trace (host.trace)
+            infer_request.frontend_trace = [("GRPC_WAITREAD_START", read_ns[0]),
+                                            ("GRPC_WAITREAD_END", read_ns[1])]
         if self.forward is not None:
             self.forward.apply(infer_request, call.metadata)
         call.add_cancel_callback(infer_request.cancel)
         request_id = request.id
+
+        def sent() -> None:
+            if infer_request.trace is not None and infer_request.frontend_trace:
+                infer_request.trace.frontend_done(("GRPC_SEND_START", "GRPC_SEND_END"))
+                infer_request.frontend_trace = None  # once
 
         def done(response: Any) -> None:
             # On the thread that finished the request: the caller's for a model that runs in
@@ -124,10 +133,17 @@ class Servicer:
             for ms, line in self._response_delays:
                 log.info(line)
                 time.sleep(ms / 1000)
-            call.finish(codec.encode_unary_response(response, request_id)
-                        if not isinstance(response, BaseException) else response)
+            try:
+                call.finish(codec.encode_unary_response(response, request_id)
+                            if not isinstance(response, BaseException) else response)
+            finally:
+                sent()
 
-        self.host.infer_async(infer_request, done, endpoint=INFER_ENDPOINT)
+        try:
+            self.host.infer_async(infer_request, done, endpoint=INFER_ENDPOINT)
+        except BaseException:
+            sent()
+            raise
         return DEFERRED
 
     def ModelStreamInfer(self, writer: Writer) -> Stream:

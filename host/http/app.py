@@ -11,6 +11,7 @@ import base64
 import binascii
 import logging
 import sys
+import time
 from typing import Any, Iterator
 
 import falcon
@@ -55,14 +56,15 @@ class _Resource:
     def body(self, req: falcon.Request) -> bytes:
         return self.env_body(req.env)
 
-    def env_body(self, env: dict[str, Any], json_only: bool = False) -> bytes:
+    def env_body(self, env: dict[str, Any], json_only: bool = False, infer: bool = False) -> bytes:
         """The request body from the WSGI environ, size-limited and decompressed. `json_only`:
-        a body that is JSON whatever its headers say (generate ignores the header length)."""
+        a body that is JSON whatever its headers say (generate ignores the header length);
+        `infer`: an infer request (see body.read_decoded)."""
         chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
         header = None if json_only else env.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
         kind = "JSON" if header is None else "raw" if header.strip() == "0" else "body"
         return body.read_decoded(env["wsgi.input"], _content_length(env), chunked,
-                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind)
+                                 self.max_input_size, env.get("HTTP_CONTENT_ENCODING"), kind, infer)
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""
@@ -123,13 +125,18 @@ class Infer(_Resource):
         """Headers and body of the answer to one infer request (the falcon responder and the
         fast path both call this, so the rules live here once)."""
         request = None
+        received = time.perf_counter_ns()
         try:
-            data = self.env_body(env)
+            data = self.env_body(env, infer=True)
             header_length = codec.parse_header_length(env.get(_HEADER_LENGTH_KEY), len(data))
             if header_length is None and not data:
                 header_length = 0  # Triton: an empty body is a raw request with no data
             request, fmt = codec.decode_infer_request(data, header_length, model,
                                                       validation.parse_version(version))
+            # Triton's HTTP activities, for a trace (host.trace); the send ones are stamped
+            # when the answer is ready (the worker writes it just after)
+            request.frontend_trace = [("HTTP_RECV_START", received),
+                                      ("HTTP_RECV_END", time.perf_counter_ns())]
             if self.forward is not None:
                 self.forward.apply(request, wsgi_headers(env))
             response = self.host.infer(request)
@@ -139,6 +146,9 @@ class Infer(_Resource):
                 log.debug("[request id: %s] Infer failed: %s",
                           (request.id if request is not None else "") or "<id_unknown>", ex.message)
             raise
+        finally:
+            if request is not None and request.trace is not None:
+                request.trace.frontend_done(("HTTP_SEND_START", "HTTP_SEND_END"))
         if json_length is None:
             headers = [("Content-Type", JSON)]
         else:

@@ -15,6 +15,7 @@ from host.errors import InvalidArgumentError, UnsupportedError
 
 LIMIT_HINT = "Use --http-max-input-size to increase the limit."
 UNSUPPORTED_ENCODING = "Unsupported compression type"
+NOTHING_TO_DECOMPRESS = "nothing to be decompressed"  # Triton's text for an empty gzip/deflate body
 
 
 def too_large(size: int, limit: int, kind: str = "body") -> InvalidArgumentError:
@@ -60,19 +61,25 @@ _CHUNK = 1 << 16
 
 
 def read_decoded(stream: BinaryIO, content_length: int | None, chunked: bool, limit: int,
-                 content_encoding: str | None, kind: str = "body") -> bytes:
+                 content_encoding: str | None, kind: str = "body", infer: bool = False) -> bytes:
     """The request body with its Content-Encoding undone, decompressed as it is read.
+
+    `infer`: an infer request, where Triton also refuses an empty Content-Encoding value
+    (UNSUPPORTED) and an empty compressed body ("nothing to be decompressed"); elsewhere those
+    are read as no encoding and no body.
 
     Neither the compressed body nor its decompressed size may pass `limit`; the decompressed
     bound holds while decompressing (zlib is never asked for more than the bytes still allowed),
     so a small body that inflates hugely is refused without being inflated.
     """
-    encoding = _encoding(content_encoding)
+    encoding = _encoding(content_encoding if infer or content_encoding else None)
     if encoding is None:
         return read(stream, content_length, chunked, limit, kind)
     if content_length is not None and content_length > limit:
         raise too_large(content_length, limit, kind)
-    if content_length is None and not chunked:
+    if content_length == 0 or (content_length is None and not chunked):
+        if infer:
+            raise InvalidArgumentError(NOTHING_TO_DECOMPRESS)
         return b""
     return _inflate(stream, content_length, limit, encoding, compressed_limit=limit)
 
@@ -113,8 +120,9 @@ def _inflate(stream: BinaryIO, content_length: int | None, limit: int, encoding:
 
 
 def _encoding(content_encoding: str | None) -> str | None:
-    """`gzip`, `deflate` or None (identity); anything else is Triton's UNSUPPORTED."""
-    if not content_encoding:
+    """`gzip`, `deflate` or None (identity); anything else, an empty value included, is Triton's
+    UNSUPPORTED."""
+    if content_encoding is None:
         return None
     encoding = content_encoding.strip().lower()
     if encoding == "identity":
@@ -132,7 +140,7 @@ def _decompressed_too_large(limit: int) -> InvalidArgumentError:
 def decode(data: bytes, content_encoding: str | None, limit: int) -> bytes:
     """Undo a `gzip` or `deflate` Content-Encoding of a body already read; the decompressed
     size is bounded by `limit` (the compressed one by the caller)."""
-    encoding = _encoding(content_encoding)
+    encoding = _encoding(content_encoding or None)
     if encoding is None or not data:
         return data
     return _inflate(io.BytesIO(data), len(data), limit, encoding)

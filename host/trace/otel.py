@@ -19,6 +19,9 @@ TRACER_NAME = "triton-server"  # Triton's kTritonTracer
 DEFAULT_SERVICE_NAME = "triton-inference-server"
 
 
+# The front ends' activities (HTTP_RECV_START, GRPC_SEND_END, ...)
+_FRONTEND = ("HTTP_", "GRPC_")
+
 class OtelExporter:
     """Spans of finished traces to an OTLP/HTTP endpoint, batched (Triton's BatchSpanProcessor).
 
@@ -74,9 +77,10 @@ class OtelExporter:
         server = otel.SpanKind.SERVER
         wall = trace.wall_offset
         stamps = trace.stamps
-        first = stamps[0][1] + wall
         root = tracer.start_span("InferRequest", context=trace.parent, kind=server,
-                                 start_time=first)
+                                 start_time=stamps[0][1] + wall)
+        # the model's span from REQUEST_START: the front end's activities come before it
+        first = next((ns for name, ns in stamps if not name.startswith(_FRONTEND)), stamps[0][1]) + wall
         attributes: dict[str, Any] = {"triton.model_name": trace.model_name,
                       "triton.model_version": trace.model_version,
                       "triton.trace_id": trace.id, "triton.trace_parent_id": 0}
@@ -87,7 +91,8 @@ class OtelExporter:
         compute = None
         for name, ns in stamps:
             at = ns + wall
-            if name == "INFER_RESPONSE_COMPLETE":  # a front-end event: on the root, as Triton's
+            if name == "INFER_RESPONSE_COMPLETE" or name.startswith(_FRONTEND):
+                # a front-end event: on the root, as Triton's
                 root.add_event(name, timestamp=at)
                 continue
             if name == "COMPUTE_START":

@@ -25,7 +25,8 @@ class Trace:
     """The record of one sampled request: its activities in order, then written or exported."""
 
     __slots__ = ("id", "setting", "model_name", "model_version", "request_id", "stamps",
-                 "tensors", "wall_offset", "compute_open", "parent", "executing", "answered_ns", "end_ns")
+                 "tensors", "wall_offset", "compute_open", "parent", "executing", "answered_ns", "end_ns",
+                 "_pending", "_lock", "_sent")
 
     def __init__(self, setting: TraceSetting, request: InferenceRequest, version: int) -> None:
         self.id = next(_ids)
@@ -45,6 +46,14 @@ class Trace:
         # as Triton writes a trace when the backend releases the request.
         self.executing = False
         self.answered_ns = self.end_ns = 0
+        # What is still to come before the trace is written: the request's end, and the front
+        # end's send activities when it stamped its receive ones (request.frontend_trace).
+        self._pending = 1
+        self._lock: threading.Lock | None = None
+        self._sent: tuple[str, ...] = ()
+        if request.frontend_trace:
+            self.stamps += request.frontend_trace
+            self._pending, self._lock = 2, threading.Lock()
 
     def compute(self, start: int, input_end: int, output_start: int) -> None:
         """The execute that served the request (called by the scheduler after the execute)."""
@@ -59,7 +68,7 @@ class Trace:
                                   ("COMPUTE_OUTPUT_START", min(output_start, answered)),
                                   ("COMPUTE_END", answered)]
             self.stamps.append(("REQUEST_END", self.end_ns))
-            self.setting.finish(self)
+            self._one_done()
             return
         self.stamps += (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
                         ("COMPUTE_OUTPUT_START", output_start))
@@ -81,6 +90,23 @@ class Trace:
             self.end_ns = time.perf_counter_ns()
             return
         self.stamps.append(("REQUEST_END", time.perf_counter_ns()))
+        self._one_done()
+
+    def frontend_done(self, names: tuple[str, ...]) -> None:
+        """The front end answered (`names`: HTTP_SEND_START/END or GRPC_SEND_START/END): called
+        once, by a front end that gave the request its `frontend_trace`. They are stamped when
+        the request has also ended, after REQUEST_END as in Triton."""
+        self._sent = names
+        self._one_done()
+
+    def _one_done(self) -> None:
+        if self._lock is not None:
+            with self._lock:
+                self._pending -= 1
+                if self._pending:
+                    return
+            now = time.perf_counter_ns()
+            self.stamps += ((name, now) for name in self._sent)
         self.setting.finish(self)
 
     # triton mode: Triton's JSON trace objects, one per activity

@@ -43,7 +43,8 @@ class OnnxRuntimeBackend(Backend):
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         session = sessions.create(spec)
-        auto_complete(spec.config, session.get_inputs(), session.get_outputs())
+        auto_complete(spec.config, session.get_inputs(), session.get_outputs(),
+                      _default_max_batch_size(self.config))
 
     def create_model(self, spec: ModelSpec) -> OnnxModel:
         return OnnxModel(spec)
@@ -189,12 +190,24 @@ def _can_batch(args: Sequence[Any]) -> bool:
                for a in args)
 
 
-def auto_complete(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+def _default_max_batch_size(settings: dict[str, str]) -> int:
+    """The `default-max-batch-size` backend setting (--backend-config), 4 when not given."""
+    text = settings.get("default-max-batch-size", str(DEFAULT_MAX_BATCH_SIZE))
+    try:
+        return max(int(text), 0)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"failed to parse default-max-batch-size '{text}': expected an integer") from None
+
+
+def auto_complete(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequence[Any],
+                  default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> None:
     """Fill what `config` leaves out from the model's inputs and outputs, as Triton does.
 
     max_batch_size: when the config leaves it at 0 and the model can batch (every input and
     output has a variable first dimension) and the config's own tensors, if any, leave the batch
-    dimension out, it becomes 4 (Triton's default-max-batch-size), and a model without a
+    dimension out, it becomes `default_max_batch_size` (Triton's default-max-batch-size backend
+    setting, 4 unless given; 0 leaves the model without batching), and a model without a
     scheduler gets the dynamic batcher. Inputs and outputs the config does not list are added
     with the model's types and dims (batch dimension dropped when batching); listed ones get
     their missing data_type or dims from the model.
@@ -203,8 +216,9 @@ def auto_complete(config: mc.ModelConfig, inputs: Sequence[Any], outputs: Sequen
     if config.max_batch_size == 0 and _can_batch(model_args):
         given = {t.name: len(t.dims) for t in list(config.input) + list(config.output) if t.dims}
         ranks = {a.name: len(a.shape) for a in model_args}
-        if all(ranks.get(name, rank + 1) == rank + 1 for name, rank in given.items()):
-            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        if default_max_batch_size > 0 and all(ranks.get(name, rank + 1) == rank + 1
+                                              for name, rank in given.items()):
+            config.max_batch_size = default_max_batch_size
             if config.WhichOneof("scheduling_choice") is None:
                 config.dynamic_batching.SetInParent()
     if config.max_batch_size > 0:
