@@ -113,18 +113,14 @@ class Servicer:
     def ModelInfer(self, request: Any, call: Call) -> Any:
         infer_request = codec.decode_infer_request(request)
         read_ns = getattr(call, "read_ns", None)
-        if read_ns is not None:  # Triton's gRPC activities, for a trace (host.trace)
+        # Triton's gRPC activities, for a trace (host.trace): only while a setting can sample
+        if read_ns is not None and getattr(self.host, "tracing", True):
             infer_request.frontend_trace = [("GRPC_WAITREAD_START", read_ns[0]),
                                             ("GRPC_WAITREAD_END", read_ns[1])]
         if self.forward is not None:
             self.forward.apply(infer_request, call.metadata)
         call.add_cancel_callback(infer_request.cancel)
         request_id = request.id
-
-        def sent() -> None:
-            if infer_request.trace is not None and infer_request.frontend_trace:
-                infer_request.trace.frontend_done(("GRPC_SEND_START", "GRPC_SEND_END"))
-                infer_request.frontend_trace = None  # once
 
         def done(response: Any) -> None:
             # On the thread that finished the request: the caller's for a model that runs in
@@ -137,12 +133,14 @@ class Servicer:
                 call.finish(codec.encode_unary_response(response, request_id)
                             if not isinstance(response, BaseException) else response)
             finally:
-                sent()
+                if infer_request.frontend_trace:
+                    _sent(infer_request)
 
         try:
             self.host.infer_async(infer_request, done, endpoint=INFER_ENDPOINT)
         except BaseException:
-            sent()
+            if infer_request.frontend_trace:
+                _sent(infer_request)
             raise
         return DEFERRED
 
@@ -205,3 +203,10 @@ class Servicer:
 
     def LogSettings(self, request: Any, call: Call) -> Any:
         return codec.log_settings(self.host.log_settings(codec.log_changes(request.settings)))
+
+
+def _sent(infer_request: Any) -> None:
+    """The gRPC send activities of a traced request, stamped once its answer is sent."""
+    if infer_request.trace is not None and infer_request.frontend_trace:
+        infer_request.trace.frontend_done(("GRPC_SEND_START", "GRPC_SEND_END"))
+        infer_request.frontend_trace = None  # once

@@ -134,9 +134,11 @@ class Infer(_Resource):
             request, fmt = codec.decode_infer_request(data, header_length, model,
                                                       validation.parse_version(version))
             # Triton's HTTP activities, for a trace (host.trace); the send ones are stamped
-            # when the answer is ready (the worker writes it just after)
-            request.frontend_trace = [("HTTP_RECV_START", received),
-                                      ("HTTP_RECV_END", time.perf_counter_ns())]
+            # when the answer is ready (the worker writes it just after). Only while a trace
+            # setting can sample: otherwise nothing per request (RemoteHost: always).
+            if getattr(self.host, "tracing", True):
+                request.frontend_trace = [("HTTP_RECV_START", received),
+                                          ("HTTP_RECV_END", time.perf_counter_ns())]
             if self.forward is not None:
                 self.forward.apply(request, wsgi_headers(env))
             response = self.host.infer(request)
