@@ -35,18 +35,6 @@ typedef struct mh_strategy {
   TRITONBACKEND_ModelInstance instance;
 } mh_strategy;
 
-PyObject* mh_bridge_error(void);
-
-static PyObject* raise_error(TRITONSERVER_Error* err) {
-  PyObject* args = Py_BuildValue("(is)", (int)err->code, err->message);
-  TRITONSERVER_ErrorDelete(err);
-  if (args != NULL) {
-    PyErr_SetObject(mh_bridge_error(), args);
-    Py_DECREF(args);
-  }
-  return NULL;
-}
-
 /* The error's message as a Python str (None without an error); deletes the error. */
 static PyObject* message_of(TRITONSERVER_Error* err) {
   if (err == NULL) Py_RETURN_NONE;
@@ -72,7 +60,7 @@ static PyObject* py_strategy_load(PyObject* self, PyObject* args) {
   if (m == NULL) return NULL;
   void* dl = NULL;
   TRITONSERVER_Error* err = mh_dlopen(path, "shared", &dl);
-  if (err != NULL) return raise_error(err);
+  if (err != NULL) return mh_raise_error(err);
   mh_strategy* s = calloc(1, sizeof(*s));
   s->dl = dl;
   s->incl = (mh_batch_incl_fn)dlsym(dl, "TRITONBACKEND_ModelBatchIncludeRequest");
@@ -88,7 +76,7 @@ static PyObject* py_strategy_load(PyObject* self, PyObject* args) {
   }
   if (!all) {
     strategy_close(s);
-    return raise_error(mh_error(TRITONSERVER_ERROR_INVALID_ARG,
+    return mh_raise_error(mh_error(TRITONSERVER_ERROR_INVALID_ARG,
                                 "%s does not define all required custom batching functions for "
                                 "model %s",
                                 path, m->name));
@@ -99,7 +87,7 @@ static PyObject* py_strategy_load(PyObject* self, PyObject* args) {
   Py_BEGIN_ALLOW_THREADS err = s->batcher_init(&s->batcher, m);
   Py_END_ALLOW_THREADS if (err != NULL) {
     strategy_close(s);
-    return raise_error(err);
+    return mh_raise_error(err);
   }
   return PyCapsule_New(s, STRATEGY_CAPSULE, NULL);
 }

@@ -48,6 +48,8 @@ struct TRITONSERVER_Message {
   size_t size;
 };
 TRITONSERVER_Message* mh_message(const char* json, size_t size);
+/* Raise `err` as host.native's BridgeError (code, message) and delete it; returns NULL (module.c). */
+PyObject* mh_raise_error(TRITONSERVER_Error* err);
 
 struct TRITONSERVER_BufferAttributes {
   size_t byte_size;

@@ -127,16 +127,6 @@ typedef struct mh_cache {
 
 #define CACHE_CAPSULE "modelhost.TRITONCACHE_Cache"
 
-static PyObject* cache_error(TRITONSERVER_Error* err) {
-  extern PyObject* mh_bridge_error(void);
-  PyObject* args = Py_BuildValue("(is)", (int)err->code, err->message);
-  TRITONSERVER_ErrorDelete(err);
-  if (args) {
-    PyErr_SetObject(mh_bridge_error(), args);
-    Py_DECREF(args);
-  }
-  return NULL;
-}
 
 static PyObject* py_cache_load(PyObject* self, PyObject* args) {
   (void)self;
@@ -144,14 +134,14 @@ static PyObject* py_cache_load(PyObject* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ss", &path, &config)) return NULL;
   void* dl = NULL;
   TRITONSERVER_Error* err = mh_dlopen(path, "cache", &dl);
-  if (err != NULL) return cache_error(err);
+  if (err != NULL) return mh_raise_error(err);
   const char* names[] = {"TRITONCACHE_CacheInitialize", "TRITONCACHE_CacheFinalize",
                          "TRITONCACHE_CacheLookup", "TRITONCACHE_CacheInsert"};
   void* fns[4];
   for (int i = 0; i < 4; i++) {
     if ((fns[i] = dlsym(dl, names[i])) == NULL) {
       dlclose(dl);
-      return cache_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND,
+      return mh_raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND,
                                   "unable to find required entrypoint '%s' in cache library: %s",
                                   names[i], path));
     }
@@ -165,7 +155,7 @@ static PyObject* py_cache_load(PyObject* self, PyObject* args) {
   Py_END_ALLOW_THREADS if (err != NULL) {
     dlclose(dl);
     free(c);
-    return cache_error(err);
+    return mh_raise_error(err);
   }
   return PyCapsule_New(c, CACHE_CAPSULE, NULL);
 }
@@ -188,7 +178,7 @@ static PyObject* py_cache_lookup(PyObject* self, PyObject* args) {
       TRITONSERVER_ErrorDelete(err);
       Py_RETURN_NONE;
     }
-    return cache_error(err);
+    return mh_raise_error(err);
   }
   PyObject* list = PyList_New((Py_ssize_t)entry.count);
   for (size_t i = 0; list && i < entry.count; i++) {
@@ -242,7 +232,7 @@ static PyObject* py_cache_insert(PyObject* self, PyObject* args) {
       TRITONSERVER_ErrorDelete(err);
       Py_RETURN_NONE;
     }
-    return cache_error(err);
+    return mh_raise_error(err);
   }
   Py_RETURN_NONE;
 }
@@ -255,7 +245,7 @@ static PyObject* py_cache_close(PyObject* self, PyObject* capsule) {
   Py_BEGIN_ALLOW_THREADS err = c->finalize(c->cache);
   dlclose(c->dl);
   Py_END_ALLOW_THREADS free(c);
-  if (err != NULL) return cache_error(err);
+  if (err != NULL) return mh_raise_error(err);
   Py_RETURN_NONE;
 }
 

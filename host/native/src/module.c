@@ -16,10 +16,11 @@ PyObject *mh_attr_id, *mh_attr_sequence_id, *mh_attr_sequence_start, *mh_attr_se
 extern int mh_log_enabled[4];
 
 static PyObject* BridgeError; /* args: (TRITONSERVER_Error_Code, message) */
-PyObject* mh_bridge_error(void) { return BridgeError; }
 
-/* Raise a backend's error as BridgeError and delete it; returns NULL for `return raise(..)`. */
-static PyObject* raise_error(TRITONSERVER_Error* err) {
+
+/* Raise a backend's error as BridgeError and delete it; returns NULL for `return raise(..)`.
+ * The one such function of the bridge (bridge.h): every module raises through it. */
+PyObject* mh_raise_error(TRITONSERVER_Error* err) {
   PyObject* args = Py_BuildValue("(is)", (int)err->code, err->message);
   TRITONSERVER_ErrorDelete(err);
   if (args != NULL) {
@@ -130,11 +131,11 @@ static PyObject* py_backend_load(PyObject* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ssss", &path, &name, &location, &config)) return NULL;
   void* dl = NULL;
   TRITONSERVER_Error* err = mh_dlopen(path, "backend", &dl);
-  if (err != NULL) return raise_error(err);
+  if (err != NULL) return mh_raise_error(err);
   mh_execute_fn execute = (mh_execute_fn)dlsym(dl, "TRITONBACKEND_ModelInstanceExecute");
   if (execute == NULL) {
     dlclose(dl);
-    return raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND,
+    return mh_raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND,
                                 "unable to find required entrypoint "
                                 "'TRITONBACKEND_ModelInstanceExecute' in backend library: %s",
                                 path));
@@ -164,7 +165,7 @@ static PyObject* py_backend_load(PyObject* self, PyObject* args) {
       Py_BEGIN_ALLOW_THREADS err_ = (fn)(arg);                \
       Py_END_ALLOW_THREADS                                    \
     }                                                         \
-    if (err_ != NULL) return raise_error(err_);               \
+    if (err_ != NULL) return mh_raise_error(err_);               \
   } while (0)
 
 static PyObject* py_backend_initialize(PyObject* self, PyObject* capsule) {
@@ -175,7 +176,7 @@ static PyObject* py_backend_initialize(PyObject* self, PyObject* capsule) {
   if (b->get_attribute != NULL) {
     TRITONSERVER_Error* err;
     Py_BEGIN_ALLOW_THREADS err = b->get_attribute(b, &b->attributes);
-    Py_END_ALLOW_THREADS if (err != NULL) return raise_error(err);
+    Py_END_ALLOW_THREADS if (err != NULL) return mh_raise_error(err);
   }
   Py_RETURN_NONE;
 }
@@ -415,7 +416,7 @@ static PyObject* py_execute(PyObject* self, PyObject* args) {
   }
   if (reqs != small) free(reqs);
   if (keep != mine) free(keep);
-  if (err != NULL) return raise_error(err);
+  if (err != NULL) return mh_raise_error(err);
   Py_RETURN_NONE;
 }
 

@@ -49,17 +49,6 @@ struct TRITONREPOAGENT_AgentModel {
   bool updated;           /* ModelRepositoryUpdate was called: the host loads from `location` */
 };
 
-PyObject* mh_bridge_error(void);
-
-static PyObject* raise_error(TRITONSERVER_Error* err) {
-  PyObject* args = Py_BuildValue("(is)", (int)err->code, err->message);
-  TRITONSERVER_ErrorDelete(err);
-  if (args != NULL) {
-    PyErr_SetObject(mh_bridge_error(), args);
-    Py_DECREF(args);
-  }
-  return NULL;
-}
 
 static int remove_entry(const char* path, const struct stat* sb, int flag, struct FTW* ftw) {
   (void)sb, (void)flag, (void)ftw;
@@ -202,11 +191,11 @@ static PyObject* py_agent_load(PyObject* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "ss", &path, &name)) return NULL;
   void* dl = NULL;
   TRITONSERVER_Error* err = mh_dlopen(path, "repository agent", &dl);
-  if (err != NULL) return raise_error(err);
+  if (err != NULL) return mh_raise_error(err);
   mh_agent_action_fn action = (mh_agent_action_fn)dlsym(dl, "TRITONREPOAGENT_ModelAction");
   if (action == NULL) {
     dlclose(dl);
-    return raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND,
+    return mh_raise_error(mh_error(TRITONSERVER_ERROR_NOT_FOUND,
                                 "unable to find required entrypoint 'TRITONREPOAGENT_ModelAction' "
                                 "in repository agent library: %s",
                                 path));
@@ -227,7 +216,7 @@ static PyObject* py_agent_load(PyObject* self, PyObject* args) {
     dlclose(dl);
     free(a->name);
     free(a);
-    return raise_error(err);
+    return mh_raise_error(err);
   }
   return PyCapsule_New(a, AGENT_CAPSULE, NULL);
 }
@@ -242,7 +231,7 @@ static PyObject* py_agent_unload(PyObject* self, PyObject* capsule) {
   dlclose(a->dl);
   Py_END_ALLOW_THREADS free(a->name);
   free(a);
-  if (err != NULL) return raise_error(err);
+  if (err != NULL) return mh_raise_error(err);
   Py_RETURN_NONE;
 }
 
@@ -300,7 +289,7 @@ static PyObject* py_agent_model_new(PyObject* self, PyObject* args) {
   }
   if (err != NULL) {
     agent_model_free(m);
-    return raise_error(err);
+    return mh_raise_error(err);
   }
   return PyCapsule_New(m, AGENT_MODEL_CAPSULE, NULL);
 }
@@ -315,7 +304,7 @@ static PyObject* py_agent_model_action(PyObject* self, PyObject* args) {
   if (m == NULL) return NULL;
   TRITONSERVER_Error* err;
   Py_BEGIN_ALLOW_THREADS err = m->agent->model_action(m->agent, m, (TRITONREPOAGENT_ActionType)action);
-  Py_END_ALLOW_THREADS if (err != NULL) return raise_error(err);
+  Py_END_ALLOW_THREADS if (err != NULL) return mh_raise_error(err);
   return Py_BuildValue("(sO)", m->location, m->updated ? Py_True : Py_False);
 }
 
@@ -329,7 +318,7 @@ static PyObject* py_agent_model_free(PyObject* self, PyObject* capsule) {
   Py_BEGIN_ALLOW_THREADS if (m->agent->model_finalize != NULL) err =
       m->agent->model_finalize(m->agent, m);
   Py_END_ALLOW_THREADS agent_model_free(m);
-  if (err != NULL) return raise_error(err);
+  if (err != NULL) return mh_raise_error(err);
   Py_RETURN_NONE;
 }
 
