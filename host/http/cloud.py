@@ -35,7 +35,8 @@ import orjson
 
 from host.errors import Code, HostError, InvalidArgumentError, UnsupportedError
 from host.http import body, codec
-from host.http.app import JSON, OCTET_STREAM, FastInfer, _error_answer, _HEADER_LENGTH_KEY
+from host.http.app import (JSON, OCTET_STREAM, FastInfer, _content_length, _error_answer,
+                           _HEADER_LENGTH_KEY)
 from host.http.status import error_body
 
 log = logging.getLogger("host.http")
@@ -174,13 +175,7 @@ class _CloudApp:
     def _reframed(self, env: dict) -> dict:
         """The environ with the body read, its binary framing taken from the Content-Type, and
         no compression either way (Triton's cloud front ends use none)."""
-        chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        length = env.get("CONTENT_LENGTH")
-        try:
-            content_length = int(length) if length else None
-        except ValueError:
-            raise InvalidArgumentError(f"invalid Content-Length header '{length}'") from None
-        data = body.read(env["wsgi.input"], content_length, chunked, self.max_input_size)
+        data = self._body(env)
         header_length = mime_header_length(env.get("CONTENT_TYPE"), self.MIME, len(data))
         inner = {k: v for k, v in env.items() if k not in (
             "HTTP_CONTENT_ENCODING", "HTTP_ACCEPT_ENCODING", "HTTP_TRANSFER_ENCODING",
@@ -189,6 +184,11 @@ class _CloudApp:
         if header_length is not None:
             inner[_HEADER_LENGTH_KEY] = str(header_length)
         return inner
+
+    def _body(self, env: dict) -> bytes:
+        """The request body as sent (size-limited, never decompressed: neither cloud compresses)."""
+        chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
+        return body.read(env["wsgi.input"], _content_length(env), chunked, self.max_input_size)
 
     def response_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return headers
@@ -430,10 +430,7 @@ class SageMakerApp(_CloudApp):
         return _reply(start_response, "200 OK")
 
     def _json(self, env: dict) -> dict[str, Any]:
-        length = env.get("CONTENT_LENGTH")
-        chunked = "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower()
-        data = body.read(env["wsgi.input"], int(length) if length and length.isdigit() else None,
-                         chunked, self.max_input_size)
+        data = self._body(env)
         if not data:
             return {}
         doc = codec.load_json(data)
