@@ -550,7 +550,8 @@ class ModelManager:
                     f"failed to open text file for read "
                     f"{entry.location.path / config_mod.CONFIG_FILENAME}: No such file or directory")
             cfg = found or model_config_pb2.ModelConfig()
-        if not cfg.name or entry.location.path.name != entry.name:
+        loc = entry.location
+        if not cfg.name or loc.path.name in self.mappings.get(loc.root, ()):
             cfg.name = entry.name  # a mapped folder (register_repository) takes its mapped name
         # Triton completes the backend fields (from the first version folder's files) and
         # validates the configuration when it polls, before it looks for versions or loads a
