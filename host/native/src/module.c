@@ -17,7 +17,6 @@ extern int mh_log_enabled[4];
 
 static PyObject* BridgeError; /* args: (TRITONSERVER_Error_Code, message) */
 
-
 /* Raise a backend's error as BridgeError and delete it; returns NULL for `return raise(..)`.
  * The one such function of the bridge (bridge.h): every module raises through it. */
 PyObject* mh_raise_error(TRITONSERVER_Error* err) {
