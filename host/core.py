@@ -30,6 +30,7 @@ from host.options import CONTROL_MODES, ServerOptions
 from host.plugins import Plugins, get_plugin_manager
 from host.proto import model_config_pb2
 from host.rate_limiter import RateLimiter
+from host.scheduler import submit_deferrable
 from host.stages import Stages
 from host.trace import TraceManager
 
@@ -268,7 +269,7 @@ class Host:
               endpoint: str = "HTTP end point") -> InferenceResponse:
         """Unary inference; a response that carries an error is raised as that error."""
         finished: queue.SimpleQueue = queue.SimpleQueue()  # C-level, cheap to make per request
-        self.infer_async(request, finished.put, endpoint)
+        self._infer_async(request, finished.put, endpoint, False)  # it waits: nothing deferred
         try:
             result = finished.get(timeout=timeout)  # the direct scheduler has usually finished already
         except queue.Empty:
@@ -282,7 +283,14 @@ class Host:
                     done: Callable[[InferenceResponse | HostError], None],
                     endpoint: str = "HTTP end point") -> None:
         """Unary inference that does not wait: `done(response or error)` runs once, on the
-        thread that finished the request. Errors found before scheduling are raised here."""
+        thread that finished the request. Errors found before scheduling are raised here. On a
+        front end's event loop (host.scheduler.open_deferral) the execute may wait for the end
+        of the loop's round of events, to share it with the requests that came with this one."""
+        self._infer_async(request, done, endpoint, True)
+
+    def _infer_async(self, request: InferenceRequest,
+                     done: Callable[[InferenceResponse | HostError], None],
+                     endpoint: str, deferrable: bool) -> None:
         mv = self.manager.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
@@ -297,7 +305,10 @@ class Host:
                 else:
                     done(got[-1].error or got[-1])
 
-        self._submit(mv, request, collect)
+        if deferrable:
+            submit_deferrable(mv.stages.run if mv.stages else Stages.of(self, mv).run, request, collect)
+        else:
+            self._submit(mv, request, collect)
 
     def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
         """Yield each response as it comes (final included when it carries data); closing early
@@ -313,8 +324,10 @@ class Host:
         return drain(request, responses)
 
     def submit(self, request: InferenceRequest, callback: ResponseCallback) -> None:
-        """Validate and schedule; `callback(response | None, final)` gets every response."""
-        self._submit(self.manager.get(request.model_name, request.model_version), request, callback)
+        """Validate and schedule; `callback(response | None, final)` gets every response (the
+        execute may be deferred as in `infer_async`)."""
+        mv = self.manager.get(request.model_name, request.model_version)
+        submit_deferrable(mv.stages.run if mv.stages else Stages.of(self, mv).run, request, callback)
 
     def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
         (mv.stages or Stages.of(self, mv)).run(request, callback)

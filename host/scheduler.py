@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import affinity, bls, supervise
 from host.errors import CancelledError, HostError, InternalError
-from host.inference import InferenceRequest, InferenceResponse
+from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.queue_policy import RequestQueue, timeout_expired
 
 if TYPE_CHECKING:
@@ -45,8 +45,83 @@ class InstanceSlot:
         self.spec, self.instance = spec, instance
 
 
+class _Deferral(threading.local):
+    """A front end's event loop that takes every event that is ready before it runs what they
+    asked for (host.grpc.server's pollers): `runs` is what waits for the end of that round
+    (None: this thread has no such loop); `armed` is set while such a loop submits a request it
+    does not wait for (Host.infer_async). A scheduler that would run a batch on the submitting
+    thread defers it to the end of the round instead, so that requests which arrived together
+    share one execute: the sequence batcher's direct strategy would otherwise run each request
+    alone, with a padding row for every other slot below it."""
+
+    runs: dict | None = None
+    armed = False
+
+
+_deferral = _Deferral()
+
+
+def open_deferral() -> dict:
+    """Called once by an event-loop thread: its runs, to be run with `run_deferred`."""
+    _deferral.runs = {}
+    return _deferral.runs
+
+
+def defer(key: object, run: Callable[[], None]) -> bool:
+    """Run `run` at the end of this thread's round of events (once per key); False when the
+    request being submitted is not one its thread may defer (the caller then runs it now)."""
+    if not _deferral.armed:
+        return False
+    _deferral.runs[key] = run  # type: ignore[index]  # armed only where runs is a dict
+    return True
+
+
+def run_deferred(runs: dict) -> None:
+    while runs:
+        pending = list(runs.values())
+        runs.clear()
+        for run in pending:
+            try:
+                run()
+            except BaseException:  # noqa: BLE001 - one failed run must not lose the others
+                log.exception("a deferred batch failed")
+
+
+def run_deferred_now() -> None:
+    """Before this thread does something that may wait (model control): what it deferred."""
+    if _deferral.runs:
+        run_deferred(_deferral.runs)
+
+
+def submit_deferrable(run: Callable[[InferenceRequest, ResponseCallback], None],
+                      request: InferenceRequest, callback: ResponseCallback) -> None:
+    """`run(request, callback)`, letting a scheduler defer its execute when this thread is an
+    event loop that does not wait for the answer."""
+    if _deferral.runs is None:
+        run(request, callback)
+        return
+    _deferral.armed = True
+    try:
+        run(request, callback)
+    finally:
+        _deferral.armed = False
+
+
 def execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest],
                   padding: int = 0) -> None:
+    runs = _deferral.runs
+    if runs is not None:  # what the model does (a BLS call that waits) is never deferred
+        armed, _deferral.runs, _deferral.armed = _deferral.armed, None, False
+        try:
+            _execute_batch(model, slot, requests, padding)
+        finally:
+            _deferral.runs, _deferral.armed = runs, armed
+    else:
+        _execute_batch(model, slot, requests, padding)
+
+
+def _execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[InferenceRequest],
+                   padding: int = 0) -> None:
     """Run one execute and make sure every request of a non-decoupled model gets its response.
 
     Statistics: compute_input is up to the `execute` call, compute_infer the call, compute_output

@@ -777,3 +777,107 @@ def test_triton_delay_scheduler_hook_holds_batches_until_enough_requests_are_que
         assert sorted(int(p.get_result().as_numpy("OUTPUT").item()) for p in pending) == [1, 2, 3]
         assert _batches(http, "sequence_accumulator") == {3: 1}  # the three in one execute
         http.close()
+
+
+# --- requests that arrive together share an execute (host.scheduler.defer) ------------------
+
+BLS_TO_SEQUENCE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().reshape(1, 1)
+            # a sequence of two: the second request continues it (no new slot to assign)
+            for flags in (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+                          pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END):
+                called = pb_utils.InferenceRequest(
+                    model_name="direct_pad", inputs=[pb_utils.Tensor("INPUT", x)],
+                    requested_output_names=["OUTPUT"], correlation_id=int(x.item()) + 500,
+                    flags=flags).exec()
+                if called.has_error():
+                    raise pb_utils.TritonModelException(called.error().message())
+            y = pb_utils.get_output_tensor_by_name(called, "OUTPUT").as_numpy().reshape(1)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", y)]))
+        return out
+'''
+
+
+def test_a_round_of_requests_deferred_by_an_event_loop_shares_one_execute(tmp_path):
+    """The gRPC pollers' rule, in process: a sequence request submitted by a thread that reads
+    events (and does not wait for the answer) runs at the end of the thread's round, with the
+    requests of the other slots that came in the same round: one execute, no padding rows."""
+    from host import scheduler
+    from host.core import Host
+    from host.inference import InferenceRequest, Tensor
+    from host.options import ServerOptions
+
+    _model(tmp_path, "direct_pad", REPORT.format(max_batch=4, idle=60_000_000, strategy="direct { }"),
+           MODELS / "batch_report.py")
+    host = Host(ServerOptions(model_repositories=[tmp_path]))
+    host.start()
+    try:
+        def request(sid: int, value: int, start: bool, end: bool) -> InferenceRequest:
+            return InferenceRequest("direct_pad", inputs={"INPUT": Tensor(
+                "INPUT", "INT32", [1, 1], np.full((1, 1), value, np.int32))},
+                sequence_id=sid, sequence_start=start, sequence_end=end)
+
+        def out(response, name):
+            return next(t.data for t in response.outputs if t.name == name)
+
+        answers: list = []
+
+        def event_loop() -> None:
+            runs = scheduler.open_deferral()
+            for step in range(2):
+                for sid in (1, 2, 3, 4):
+                    host.infer_async(request(sid, sid * 10, step == 0, step == 1), answers.append)
+                answers.append(f"round {step} read")  # nothing ran yet
+                scheduler.run_deferred(runs)
+
+        thread = threading.Thread(target=event_loop)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive()
+        for step in range(2):
+            round_ = answers[step * 5:(step + 1) * 5]
+            assert round_[0] == f"round {step} read"
+            assert [out(r, "ROWS").item() for r in round_[1:]] == [4] * 4
+            assert [out(r, "READY_ROWS").tolist() for r in round_[1:]] == [[[1, 1, 1, 1]]] * 4
+            assert [out(r, "OUTPUT").item() for r in round_[1:]] == [
+                sid * 10 * (step + 1) for sid in (1, 2, 3, 4)]
+        stats = host.statistics("direct_pad")["model_stats"][0]
+        assert stats["inference_count"] == 8 and stats["execution_count"] == 2
+        # A thread that waits for its answer (Host.infer, a BLS call) never defers.
+        runs = scheduler.open_deferral()
+        try:
+            r = host.infer(request(9, 5, True, True))
+            assert out(r, "OUTPUT").item() == 5 and not runs
+        finally:
+            scheduler._deferral.runs = None
+    finally:
+        host.stop()
+
+
+def test_a_bls_call_to_a_sequence_model_from_a_grpc_poller_is_not_deferred(tmp_path):
+    """A python model run by a gRPC polling thread (no batching: in place) that calls a sequence
+    model through BLS and waits for it: the call runs at once, it is not left for the end of the
+    poller's round (which would never come while the poller waits)."""
+    _model(tmp_path, "direct_pad", REPORT.format(max_batch=4, idle=60_000_000, strategy="direct { }"),
+           MODELS / "batch_report.py")
+    (tmp_path / "bls_seq" / "1").mkdir(parents=True)
+    (tmp_path / "bls_seq" / "1" / "model.py").write_text(BLS_TO_SEQUENCE)
+    (tmp_path / "bls_seq" / "config.pbtxt").write_text(
+        'name: "bls_seq"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    with serve(tmp_path) as process:
+        client = grpcclient.InferenceServerClient(process.grpc_url)
+        for value in (3, 4):
+            tensor = grpcclient.InferInput("INPUT", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            result = client.infer("bls_seq", [tensor], client_timeout=20)
+            assert result.as_numpy("OUTPUT").tolist() == [2 * value]

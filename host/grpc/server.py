@@ -49,7 +49,7 @@ import grpc  # noqa: E402
 from google.protobuf.message import DecodeError  # noqa: E402
 from grpc._cython import cygrpc  # noqa: E402
 
-from host import affinity  # noqa: E402
+from host import affinity, scheduler  # noqa: E402
 from host.errors import HostError  # noqa: E402
 from host.logs import GrpcCallLog  # noqa: E402
 from host.grpc.servicer import DEFERRED, Servicer  # noqa: E402
@@ -179,6 +179,8 @@ class _UnaryCall:
                 request = self.parse(data)
             except DecodeError:
                 raise _Status(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
+            if self.counter is None:  # not an inference: it may wait (an unload for requests)
+                scheduler.run_deferred_now()
             response = self.method(request, self)
         except BaseException as exc:  # noqa: BLE001 - every error (sys.exit() too) is the call's status
             self.finish(exc)
@@ -444,6 +446,7 @@ class _Pollers:
     """
 
     STALL = 0.002  # every active thread busy this long: wake another
+    DRAIN = 64  # events read at most before the executes deferred meanwhile run
     QUIET = 0.02  # the watchdog's period while nothing is being handled
 
     def __init__(self, cq: Any, max_threads: int) -> None:
@@ -483,8 +486,15 @@ class _Pollers:
         cq, cond, busy = self.cq, self.cond, self.busy
         me = threading.get_ident()
         monotonic = time.monotonic
+        # Executes a batching scheduler deferred while this thread read its events: they run
+        # once no more events are ready (or after DRAIN of them), so that the requests which
+        # arrived together share an execute (host.scheduler.defer).
+        deferred = scheduler.open_deferral()
+        drained = 0
+        event = None
         while True:
-            event = cq.poll()
+            if event is None:
+                event = cq.poll()
             busy[me] = monotonic()  # single dict operations: atomic, no lock on this path
             kind = event.completion_type
             if kind == _OPERATION_COMPLETE:
@@ -493,6 +503,7 @@ class _Pollers:
                 except BaseException:  # noqa: BLE001 - nothing a call does may stop the server
                     log.exception("error handling a gRPC event")
             elif kind == _QUEUE_SHUTDOWN:
+                scheduler.run_deferred(deferred)
                 with cond:
                     del busy[me]
                     self.active -= 1
@@ -500,6 +511,18 @@ class _Pollers:
                     cond.notify_all()
                 return
             event = None  # drop the call's reference before blocking again
+            if deferred:
+                if drained < self.DRAIN:
+                    event = cq.poll(0)  # an absolute deadline in the past: what is ready now
+                    if event.completion_type == _OPERATION_COMPLETE:
+                        drained += 1
+                        continue
+                    if event.completion_type != _QUEUE_SHUTDOWN:
+                        event = None  # nothing more is ready
+                scheduler.run_deferred(deferred)
+                drained = 0
+                if event is not None:
+                    continue
             del busy[me]
             if self.active > 1:
                 with cond:

@@ -31,6 +31,7 @@ the CORRID control, batch size 1, a non-zero id, and START on the first request 
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import logging
@@ -43,7 +44,7 @@ import numpy as np
 from host import affinity
 from host.errors import CancelledError, InternalError, InvalidArgumentError, UnavailableError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
-from host.scheduler import InstanceSlot, delay_count, execute_batch
+from host.scheduler import InstanceSlot, defer, delay_count, execute_batch
 from host.sequence.controls import Controls, in_sequence
 from host.sequence.state import SequenceStates, StateSpecs
 
@@ -266,14 +267,34 @@ class SequenceBatcher:
             if worker.running or self.delay_ns or self._stopping or self._delay:
                 worker.cond.notify()
                 return
-            # The instance is idle and nothing is worth waiting for: run the batch in this thread,
-            # sparing the hand-over to the worker thread and back (most of a small model's cost).
-            busy = self._drop_cancelled(worker.busy())
-            if not busy:  # the request was cancelled meanwhile, and answered
+            # A front end's event loop that has more requests to read runs the batch once it
+            # has read them: those of other slots then share the execute (host.scheduler.defer).
+            if defer(worker, functools.partial(self._run_idle, worker)):
                 return
-            batch = self._take_batch(worker, busy)
-            worker.running = True
-        worker.run_batch(*batch)
+            batch = self._idle_batch(worker)
+        if batch is not None:
+            worker.run_batch(*batch)
+
+    def _idle_batch(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
+        """The instance is idle and nothing is worth waiting for: the batch for this thread to
+        run, sparing the hand-over to the worker thread and back (most of a small model's cost);
+        None when there is nothing to run here (lock held)."""
+        if worker.running or self.delay_ns or self._stopping or self._delay:
+            worker.cond.notify()
+            return None
+        busy = self._drop_cancelled(worker.busy())
+        if not busy:  # the requests were cancelled meanwhile, and answered
+            return None
+        batch = self._take_batch(worker, busy)
+        worker.running = True
+        return batch
+
+    def _run_idle(self, worker: _Worker) -> None:
+        """A deferred run (host.scheduler.defer): what the instance's slots hold now."""
+        with self.lock:
+            batch = self._idle_batch(worker)
+        if batch is not None:
+            worker.run_batch(*batch)
 
     def _assign(self, sequence: _Sequence, slot: _Slot) -> None:
         slot.sequence, sequence.slot = sequence, slot
