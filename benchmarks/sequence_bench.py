@@ -5,7 +5,8 @@ Both servers serve the example repository's `sequence_accumulator` (model.py unc
 `seq_direct` (its config: direct strategy, max_batch_size 8) and `seq_oldest` (the same with
 `oldest { max_candidate_sequences: 8 }`). Per server and strategy:
 
-- throughput: perf_analyzer (gRPC unless --protocol says otherwise), 8 concurrent sequences of 100 requests
+- throughput: perf_analyzer (gRPC unary calls and the gRPC stream unless --protocol says otherwise), 8
+  concurrent sequences of 100 requests
   (`--concurrency-range 8 --sequence-length 100 --sequence-length-variation 0 --serial-sequences`:
   one request in flight per sequence);
 - CPU per request, and correctness: a tritonclient run of 8 threads, each one sequence of 100
@@ -14,7 +15,7 @@ Both servers serve the example repository's `sequence_accumulator` (model.py unc
   number of requests. The other jobs on a shared machine disturb it less than throughput.
 
     python benchmarks/sequence_bench.py [--rounds 2] [--sequences 8] [--length 100]
-                                        [--passes 3] [--protocol grpc|http|grpc-stream] [--skip-triton]
+                                        [--passes 3] [--protocol grpc grpc-stream http] [--skip-triton]
                                         [--out docs/sequences_benchmark.md] [--no-write]
 
 The servers run one after the other, `--passes` times (alternating, so that the noise of a shared
@@ -106,17 +107,18 @@ def measure(server: pvt.Server, args, rows: list[dict], pa_rows: list[dict]) -> 
         pgid = os.getpgid(server.proc.pid)
         for strategy, model in STRATEGIES.items():
             run_sequences(url, model, args.sequences, 10, 1)  # warm-up
-            resdir = tempfile.mkdtemp(prefix=f"sequence_bench_{server.name}_{strategy}_")
-            pa_protocol, extra = pvt.MODES[args.protocol]
-            pa_url = url if pa_protocol == "grpc" else f"127.0.0.1:{server.http_port}"
-            pa = pvt.perf_analyzer(model, pa_url, pa_protocol, [
-                *extra, "--concurrency-range", f"{args.sequences}:{args.sequences}", "--sequence-length",
-                str(args.length), "--sequence-length-variation", "0", "--serial-sequences",
-                "--sequence-id-range", "100000:10000000", *PA_FLAGS],
-                os.path.join(resdir, "pa.csv"), os.path.join(resdir, "pa.log"))
-            pvt.log(f"{server.name:9s} {strategy:6s} perf_analyzer: " + (
-                f"{pa['infer_s']:.1f} infer/s, p50 {pa['p50_ms']:.2f} ms" if pa["ok"] else pa["error"]))
-            pa_rows.append({"server": server.name, "strategy": strategy, **pa})
+            for protocol in args.protocol:
+                resdir = tempfile.mkdtemp(prefix=f"sequence_bench_{server.name}_{strategy}_{protocol}_")
+                pa_protocol, extra = pvt.MODES[protocol]
+                pa_url = url if pa_protocol == "grpc" else f"127.0.0.1:{server.http_port}"
+                pa = pvt.perf_analyzer(model, pa_url, pa_protocol, [
+                    *extra, "--concurrency-range", f"{args.sequences}:{args.sequences}",
+                    "--sequence-length", str(args.length), "--sequence-length-variation", "0",
+                    "--serial-sequences", "--sequence-id-range", "100000:10000000", *PA_FLAGS],
+                    os.path.join(resdir, "pa.csv"), os.path.join(resdir, "pa.log"))
+                pvt.log(f"{server.name:9s} {strategy:6s} {protocol:11s} perf_analyzer: " + (
+                    f"{pa['infer_s']:.1f} infer/s, p50 {pa['p50_ms']:.2f} ms" if pa["ok"] else pa["error"]))
+                pa_rows.append({"server": server.name, "strategy": strategy, "protocol": protocol, **pa})
             for round_ in range(args.rounds):
                 cpu0, t0 = cache_bench.group_cpu_seconds(pgid), time.perf_counter()
                 count, errors = run_sequences(url, model, args.sequences, args.length,
@@ -141,10 +143,10 @@ def summarize(rows: list[dict], pa_rows: list[dict]) -> dict:
                      "errors": sum(len(r["errors"]) for r in rs)} for key, rs in out.items()}
     by_key: dict = {}
     for r in pa_rows:
-        by_key.setdefault((r["server"], r["strategy"]), []).append(r)
-    for key, rs in by_key.items():
+        by_key.setdefault((r["server"], r["strategy"], r["protocol"]), []).append(r)
+    for (server, strategy, protocol), rs in by_key.items():
         ok = [r for r in rs if r["ok"]]
-        entry = summary.setdefault(key, {})
+        entry = summary.setdefault((server, strategy), {}).setdefault("pa", {})[protocol] = {}
         entry["infer_s"] = statistics.median(r["infer_s"] for r in ok) if ok else None
         entry["p50_ms"] = statistics.median(r["p50_ms"] for r in ok) if ok else None
         entry["pa_runs"] = f"{len(ok)}/{len(rs)}"
@@ -160,7 +162,8 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
         "",
         f"The example `sequence_accumulator` python model (unchanged) under the direct and the oldest "
         f"strategy; {args.sequences} concurrent sequences of {args.length} requests each, one request "
-        f"in flight per sequence. Throughput: perf_analyzer over {args.protocol} (`--sequence-length "
+        f"in flight per sequence. Throughput: perf_analyzer over {' and '.join(args.protocol)} "
+        f"(`--sequence-length "
         f"{args.length} --sequence-length-variation 0 --serial-sequences --concurrency-range "
         f"{args.sequences}`, {' '.join(PA_FLAGS)}). The servers alternate, {args.passes} passes; "
         f"figures are medians over them. CPU per request and correctness: {args.rounds} "
@@ -168,14 +171,26 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
         "each, every answer checked; user + system time of the server's process group (Triton's "
         "python-backend stub included) over those requests.",
         "",
-        "| server | strategy | infer/s (perf_analyzer) | p50 ms | perf_analyzer runs ok | "
-        "infer/s (tritonclient run) | server CPU per request (us) | wrong answers |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| server | strategy | perf_analyzer protocol | infer/s (perf_analyzer) | p50 ms | "
+        "perf_analyzer runs ok |",
+        "|---|---|---|---:|---:|---:|",
     ]
     for (server, strategy), s in sorted(summary.items()):
-        pa = (f"{s['infer_s']:.1f} | {s['p50_ms']:.2f} | {s['pa_runs']}" if s.get("infer_s")
-              else f"failed: {s.get('pa_error', '')[:80]} | - | {s.get('pa_runs', '-')}")
-        lines.append(f"| {server} | {strategy} | {pa} | {s['client_infer_s']:.1f} | {s['cpu_us']:.0f} | "
+        for protocol in args.protocol:
+            p = s.get("pa", {}).get(protocol)
+            if p is None:
+                continue
+            pa = (f"{p['infer_s']:.1f} | {p['p50_ms']:.2f} | {p['pa_runs']}" if p.get("infer_s")
+                  else f"failed: {p.get('pa_error', '')[:80]} | - | {p.get('pa_runs', '-')}")
+            lines.append(f"| {server} | {strategy} | {protocol} | {pa} |")
+    lines += [
+        "",
+        "| server | strategy | infer/s (tritonclient run) | server CPU per request (us) | "
+        "wrong answers |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for (server, strategy), s in sorted(summary.items()):
+        lines.append(f"| {server} | {strategy} | {s['client_infer_s']:.1f} | {s['cpu_us']:.0f} | "
                      f"{s['errors']} |")
     lines.append("")
     for strategy in STRATEGIES:
@@ -183,22 +198,27 @@ def report(summary: dict, args, started: _dt.datetime, wall: float, machine: dic
         if not (mh and tr):
             continue
         parts = []
-        if mh.get("infer_s") and tr.get("infer_s"):
-            ratio = mh["infer_s"] / tr["infer_s"]
-            parts.append(f"throughput (perf_analyzer) x{ratio:.2f} (target: at least x{TARGET}: "
-                         f"{'met' if ratio >= TARGET else 'NOT met'})")
+        for protocol in args.protocol:
+            m, t = mh.get("pa", {}).get(protocol, {}), tr.get("pa", {}).get(protocol, {})
+            if m.get("infer_s") and t.get("infer_s"):
+                ratio = m["infer_s"] / t["infer_s"]
+                parts.append(f"throughput (perf_analyzer, {protocol}) x{ratio:.2f} (target: at least "
+                             f"x{TARGET}: {'met' if ratio >= TARGET else 'NOT met'})")
         parts.append(f"throughput (tritonclient run) x{mh['client_infer_s'] / tr['client_infer_s']:.2f}")
         parts.append(f"server CPU per request x{mh['cpu_us'] / tr['cpu_us']:.2f}")
         lines.append(f"- {strategy}, modelhost / Triton: " + "; ".join(parts))
     lines += [
         "",
-        "Reading: modelhost's server CPU per request is of the same order as Triton's (no "
-        "process boundary between the front end and the python model, but a front end in "
-        "Python), and that work is Python in one process, serialized by the interpreter lock: "
-        "CPU per request times infer/s comes to about one core for modelhost, more for Triton, "
-        "whose C++ front end and python stub run in parallel. With the load generator on the "
-        "same two cores, modelhost's throughput is bounded by that one core rather than by its "
-        "CPU per request.",
+        "Reading: modelhost's server CPU per request is about half of Triton's (no process "
+        "boundary between the front end and the python model, and a gRPC polling thread reads "
+        "every request that is ready before it runs the batch they make: requests of different "
+        "sequences share one execute, host.scheduler.defer). That work is Python in one process, "
+        "serialized by the interpreter lock: CPU per request times infer/s comes to about one "
+        "core for modelhost, more for Triton, whose C++ front end and python stub run in "
+        "parallel. With the load generator on the same two cores, modelhost's throughput is "
+        "bounded by that one core rather than by its CPU per request; the gRPC stream costs "
+        "less per request than unary calls (no call to set up and end per request), hence its "
+        "higher figure.",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; run took {wall:.0f} s",
         f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']}; shared with other "
@@ -218,8 +238,8 @@ def main() -> int:
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--length", type=int, default=100)
     ap.add_argument("--skip-triton", action="store_true")
-    ap.add_argument("--protocol", choices=sorted(pvt.MODES), default="grpc",
-                    help="perf_analyzer's protocol (the tritonclient run is always gRPC)")
+    ap.add_argument("--protocol", choices=sorted(pvt.MODES), nargs="+", default=["grpc", "grpc-stream"],
+                    help="perf_analyzer's protocols, each measured (the tritonclient run is always gRPC)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--out", default=os.path.join(pvt.REPO_ROOT, "docs", "sequences_benchmark.md"))
     ap.add_argument("--no-write", action="store_true")
