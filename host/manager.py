@@ -764,7 +764,7 @@ class ModelManager:
             entry.override_dir, entry.location = None, None
         self._deps.model_unloaded(name)
         if unload_dependents:
-            self._deps.unload_unused(composing)
+            pending += self._deps.unload_unused(composing)
         return pending
 
     @staticmethod

@@ -365,7 +365,8 @@ POLL_TIME = {"bad_unwritten"}
 # --- model control (own server: it unloads models) -----------------------------------------------
 
 def test_model_control_loads_and_unloads_composing_models(repo, broken) -> None:
-    with serve(repo, "--model-control-mode", "explicit", "--load-model", "mul2") as s:
+    with serve(repo, "--model-control-mode", "explicit", "--load-model", "mul2",
+               "--exit-timeout-secs", "5") as s:
         client = httpclient.InferenceServerClient(s.url)
         client.load_model("ens_nested")  # loads ens_chain, ident, add1 (mul2 was loaded already)
         for model in ("ens_nested", "ens_chain", "ident", "add1", "mul2"):
@@ -390,6 +391,11 @@ def test_model_control_loads_and_unloads_composing_models(repo, broken) -> None:
         assert not client.is_model_ready("ens_nested")
         assert not client.is_model_ready("ens_chain") and not client.is_model_ready("ident")
         assert client.is_model_ready("mul2") and client.is_model_ready("add1")
+        # ... and the unload waited for them to finish, outside the repository lock (their
+        # finishers take it: waiting under it stalled until the exit timeout, then warned).
+        rows = {r["name"]: r for r in client.get_model_repository_index()}
+        assert rows["ens_chain"]["state"] == rows["ident"]["state"] == "UNAVAILABLE"
+        assert "still in flight" not in s.log_text()
         client.close()
 
 

@@ -123,16 +123,18 @@ class Dependencies:
             entry.waiting_on.add(name)
             self.model_unloaded(entry.name)
 
-    def unload_unused(self, names: list[str]) -> None:
+    def unload_unused(self, names: list[str]) -> list[threading.Thread]:
         """`unload_dependents`: composing models loaded only for ensembles that no loaded
-        ensemble uses any more are unloaded too."""
+        ensemble uses any more are unloaded too (their own composing models with them). Called
+        with the repository lock held: returns the versions' finishers, for the outermost
+        unload to wait for once it has let go of the lock (a finisher takes the lock to end)."""
+        pending: list[threading.Thread] = []
         for name in names:
             entry = self.manager._models.get(name)
             if entry is None or entry.explicit or not entry.versions or self.users(name):
                 continue
-            composing = composing_of(entry)
-            self.manager.unload(name, unload_dependents=True)
-            self.unload_unused(composing)
+            pending += self.manager._unload_entry(name, unload_dependents=True)
+        return pending
 
 
 def composing_of(entry: ModelEntry) -> list[str]:
