@@ -24,8 +24,10 @@ build() {  # name source [extra g++ flags]
         -L"$(dirname "$BRIDGE")" -l:"$(basename "$BRIDGE")" -lpthread
     echo "built $OUT/libtriton_$1.so"
 }
+# With statistics and metrics on, as their CMake options default (Triton's build): identity then
+# reports its own `input_byte_size_counter` metric through TRITONSERVER_Metric*.
 for name in identity repeat; do
-    build "$name" "$SRC/${name}_backend/src/${name}.cc"
+    build "$name" "$SRC/${name}_backend/src/${name}.cc" -DTRITON_ENABLE_STATS=1 -DTRITON_ENABLE_METRICS=1
 done
 # The backend repository's examples (examples/backends), served with its example repositories
 # and clients (examples/model_repos, examples/clients) unchanged: checked 2026-11-27.
