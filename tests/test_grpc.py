@@ -1003,3 +1003,21 @@ def test_concurrent_unary_calls_reach_the_dynamic_batcher_together(
         if max(rows) >= 4:  # (one at a time gave all 1s, at best a 2 from a late wake-up)
             return
     pytest.fail(f"eight concurrent calls were never batched together: {rows}")
+
+
+def test_bytes_that_are_no_request_message_get_tritons_answer(endpoint: Endpoint) -> None:
+    """Not a protobuf at all: INTERNAL 'Unable to parse request', as Triton 2.51 (gRPC C++)
+    answers, for inference and every other unary method; the server goes on serving."""
+    with grpc.insecure_channel(endpoint.grpc_url) as channel:
+        for method in ("ModelInfer", "ServerLive", "RepositoryIndex"):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}",
+                                       request_serializer=lambda x: x,
+                                       response_deserializer=lambda x: x)
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"\xff\xfe\x00\x01garbage", timeout=20)
+            assert info.value.code() == grpc.StatusCode.INTERNAL, method
+            assert info.value.details() == "Unable to parse request", method
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
+                                   request_serializer=pb.ServerLiveRequest.SerializeToString,
+                                   response_deserializer=pb.ServerLiveResponse.FromString)
+        assert live(pb.ServerLiveRequest(), timeout=20).live

@@ -178,7 +178,8 @@ class _UnaryCall:
             try:
                 request = self.parse(data)
             except DecodeError:
-                raise _Status(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
+                # Triton's answer (gRPC C++'s), checked on 2.51
+                raise _Status(grpc.StatusCode.INTERNAL, "Unable to parse request") from None
             if self.counter is None:  # not an inference: it may wait (an unload for requests)
                 scheduler.run_deferred_now()
             response = self.method(request, self)
