@@ -225,8 +225,10 @@ class Host:
                 "extensions": EXTENSIONS + self.shm.extensions() + EXTENSIONS_AFTER_SHM}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the version serves; a version that is no number is Triton's error, raised."""
+        number = _version(version)
         try:
-            mv = self.manager.get(name, _version(version))
+            mv = self.manager.get(name, number)
         except HostError:
             return False
         # A backend's own readiness check per instance (Triton's TRITONBACKEND_ModelInstanceReady:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from host import classification
+from host import classification, validation
 from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest
 
@@ -127,7 +127,8 @@ def check_outputs(request: InferenceRequest) -> None:
         seen: set[str] = set()
         for o in outputs:
             if o.name in seen:
-                raise InvalidArgumentError(f"output '{o.name}' already exists in request")
+                raise InvalidArgumentError(  # Triton's core's text, with the request's tag
+                    f"{validation.request_tag(request)}output '{o.name}' already exists in request")
             seen.add(o.name)
     classes: dict[str, int] = {}
     for o in outputs:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import re
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -18,6 +20,8 @@ import numpy as np
 from host import datatypes
 from host.errors import InternalError, InvalidArgumentError
 from host.proto import model_config_pb2
+
+_LENGTH = struct.Struct("<I")  # a BYTES element's length prefix
 
 if TYPE_CHECKING:
     from host.inference import InferenceRequest, InferenceResponse, Tensor
@@ -182,7 +186,12 @@ def _shape(shape) -> str:
 
 def request_tag(request: InferenceRequest) -> str:
     """Triton's prefix of a request's errors: `[request id: <id>] `."""
-    return f"[request id: {request.id or '<id_unknown>'}] "
+    return id_tag(request.id)
+
+
+def id_tag(request_id: str) -> str:
+    """`request_tag` from the id alone, for a request still being decoded."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
 
 
 def _names(names) -> str:
@@ -263,10 +272,10 @@ def check_shape(name: str, shape: list[int], model: str, protocol: str,
     datatypes.check_shape(name, shape, model if _SHAPE_LIMIT_NAMES_MODEL[protocol] else "")
 
 
-def check_new_input(inputs: dict, name: str) -> None:
-    """An input may appear once in a request."""
+def check_new_input(inputs: dict, name: str, request_id: str) -> None:
+    """An input may appear once in a request (Triton's core's text, with the request's tag)."""
     if name in inputs:
-        raise InvalidArgumentError(f"input '{name}' already exists in request")
+        raise InvalidArgumentError(f"{id_tag(request_id)}input '{name}' already exists in request")
 
 
 class DataSizeError(InvalidArgumentError):
@@ -307,12 +316,33 @@ def check_string_count(name: str, model: str, count: int, got: int, protocol: st
 
 def bytes_input(name: str, model: str, shape: list[int], buf: bytes | memoryview,
                 protocol: str) -> np.ndarray:
-    """A BYTES input from its length-prefixed wire bytes, its element count checked."""
-    try:
-        items = datatypes.deserialize_bytes(buf)
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
-    check_string_count(name, model, datatypes.element_count(shape), len(items), protocol)
+    """A BYTES input from its length-prefixed wire bytes, its element count checked as Triton's
+    core walks them (InferenceRequest::ValidateBytesInputs): a length prefix cut short, one
+    element too many, or, when an element runs past the end of the data, the count of the
+    elements begun. Where Triton would take a last element that runs past the end (the count
+    then agrees), it is refused here: the model would read past the data."""
+    count = datatypes.element_count(shape)
+    view = memoryview(buf)
+    items: list[bytes] = []
+    offset, end = 0, len(view)
+    while offset < end:
+        if end - offset < 4:
+            raise DataSizeError(
+                f"incomplete string length indicator for inference input '{name}' for model "
+                f"'{model}', expecting 4 bytes but only {end - offset} bytes available. Please "
+                "make sure the string length indicator is in one buffer.")
+        if len(items) == count:  # Triton stops at the element one too many
+            check_string_count(name, model, count, count + 1, protocol)
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            if len(items) + 1 != count:
+                check_string_count(name, model, count, len(items) + 1, protocol)
+            raise InvalidArgumentError(f"input '{name}': unexpected end of BYTES tensor data: "
+                                       f"element of {length} bytes overruns the buffer")
+        items.append(bytes(view[offset:offset + length]))
+        offset += length
+    check_string_count(name, model, count, len(items), protocol)
     return datatypes.bytes_array(items, shape)
 
 
@@ -328,16 +358,28 @@ def output_array(t: Tensor) -> np.ndarray:
     return arr
 
 
+_STOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+
+
+def _stol(text: str) -> int | None:
+    """std::stol as Triton calls it: leading white space, a sign and the digits that follow
+    (what comes after them is ignored: "5abc" is 5); None where it throws."""
+    match = _STOL.match(text)
+    if match is None:
+        return None
+    value = int(match.group(1))
+    return value if -2**63 <= value < 2**63 else None
+
+
 def parse_version(version: str) -> int:
     """A requested model version as Triton parses it (GetModelVersionFromString); '' -> -1."""
     if not version:
         return -1
-    try:
-        value = int(version)
-    except ValueError:
+    value = _stol(version)
+    if value is None:  # std::stol threw (no digits, or out of the range of a long)
         raise InvalidArgumentError(
             f"failed to get model version from specified version string '{version}' (details: "
-            "stol), version should be an integral value > 0") from None
+            "stol), version should be an integral value > 0")
     if value < 0:
         raise InvalidArgumentError(
             f"invalid model version specified '{version}' , version should be an integral value > 0")

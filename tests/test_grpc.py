@@ -281,6 +281,39 @@ def test_health(client: grpcclient.InferenceServerClient) -> None:
         client.is_model_ready("simple", "x")
 
 
+def test_a_version_that_is_no_long_gets_tritons_error_on_every_endpoint(
+        client: grpcclient.InferenceServerClient, endpoint: Endpoint) -> None:
+    """As Triton parses a version (std::stol): past the range of a long it is the 'stol' error
+    (INVALID_ARGUMENT / 400), readiness included, never 'not found' or 'not ready'."""
+    huge = "99999999999999999999"
+    text = (f"failed to get model version from specified version string '{huge}' (details: stol), "
+            "version should be an integral value > 0")
+    with _raises(grpc.StatusCode.INVALID_ARGUMENT, text):
+        client.is_model_ready("simple", huge)
+    with _raises(grpc.StatusCode.INVALID_ARGUMENT, text):
+        client.get_model_metadata("simple", huge)
+    assert not client.is_model_ready("simple", "5abc")  # stol reads 5: no such version
+    http = httpclient.InferenceServerClient(endpoint.http_url)
+    for call in (lambda: http.is_model_ready("simple", huge),
+                 lambda: http.get_model_metadata("simple", huge)):
+        with pytest.raises(InferenceServerException) as info:
+            if call() is False:  # is_model_ready reports a failure as False: read the body
+                raise InferenceServerException(_http_get(endpoint.http_url, huge))
+        assert text in str(info.value)
+    http.close()
+
+
+def _http_get(url: str, version: str) -> str:
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(f"http://{url}/v2/models/simple/versions/{version}/ready", timeout=20)
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400
+        return exc.read().decode()
+    return "ready"
+
+
 def test_metadata(client: grpcclient.InferenceServerClient) -> None:
     server = client.get_server_metadata()
     assert server.name == "modelhost" and "model_repository" in server.extensions

@@ -253,3 +253,12 @@ def test_large_unary_responses_frame_their_contents_by_hand() -> None:
     assert parsed.raw_output_contents[3] == np.arange(6, dtype=np.int16).reshape(2, 3).T.tobytes()
     small = InferenceResponse("m", "1", outputs=[Tensor("A", "FP32", [2], big[:2])])
     assert isinstance(codec.encode_unary_response(small), pb.ModelInferResponse)
+
+
+def test_an_input_named_twice_is_tritons_error_with_the_requests_tag() -> None:
+    InputTensor = pb.ModelInferRequest.InferInputTensor
+    x = InputTensor(name="X", datatype="INT32", shape=[1])
+    for request_id, tag in (("", "<id_unknown>"), ("r7", "r7")):
+        with pytest.raises(InvalidArgumentError) as info:
+            codec.decode_infer_request(_request(x, x, raw=[b"\0" * 4] * 2, id=request_id))
+        assert info.value.message == f"[request id: {tag}] input 'X' already exists in request"

@@ -362,7 +362,7 @@ MALFORMED = [
     ("number_for_bytes", _json_request({**INT_IN, "datatype": "BYTES", "data": ["a", 2]}), None,
      InvalidArgumentError, "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
     ("duplicate_input", _json_request(INT_IN, INT_IN), None, InvalidArgumentError,
-     "input 'IN' already exists in request"),
+     "[request id: <id_unknown>] input 'IN' already exists in request"),
     ("shared_memory_and_data", _json_request(INT_IN | {"parameters": {"shared_memory_region": "r"}}),
      None, InvalidArgumentError, "But set 'data' 'shared_memory_region'"),
     ("shared_memory_output_binary", _json_request(INT_IN, outputs=[{"name": "O", "parameters": {
@@ -434,9 +434,18 @@ def test_binary_bytes_malformed():
     assert codec.decode_infer_request(body + two, hl, "m")[0].data_errors["IN0"].message == (
         "[request id: <id_unknown>] expected 3 string elements for inference input 'IN0' for "
         "model 'm', got 2")
+    # Triton's core walk (ValidateBytesInputs): a length prefix cut short ...
     body, hl = _binary_request([0], [2], "BYTES", (1,))
-    with pytest.raises(InvalidArgumentError, match="incomplete length prefix"):
-        codec.decode_infer_request(body + b"\x01\x00", hl, "m")
+    assert codec.decode_infer_request(body + b"\x01\x00", hl, "m")[0].data_errors["IN0"].message == (
+        "[request id: <id_unknown>] incomplete string length indicator for inference input 'IN0' "
+        "for model 'm', expecting 4 bytes but only 2 bytes available. Please make sure the string "
+        "length indicator is in one buffer.")
+    # ... and an element that runs past the end counts as begun: 1 of 3 here
+    overrun = (2**31).to_bytes(4, "little") + b"abc"
+    body, hl = _binary_request([0], [len(overrun)], "BYTES", (3,))
+    assert codec.decode_infer_request(body + overrun, hl, "m")[0].data_errors["IN0"].message == (
+        "[request id: <id_unknown>] expected 3 string elements for inference input 'IN0' for "
+        "model 'm', got 1")
 
 
 @pytest.mark.parametrize("value, length, error, message", [

@@ -43,7 +43,8 @@ def test_bad_reserved_parameters(params, message):
 
 
 @pytest.mark.parametrize("outputs, error, message", [
-    ([("A", {}), ("A", {})], InvalidArgumentError, "output 'A' already exists in request"),
+    ([("A", {}), ("A", {})], InvalidArgumentError,
+     r"^\[request id: <id_unknown>\] output 'A' already exists in request$"),
     ([("A", {"classification": -1})], InvalidArgumentError, "Unable to set 'classification'"),
 ])
 def test_requested_outputs_are_judged_by_the_host(outputs, error, message):

@@ -67,3 +67,13 @@ def test_version_parsing():
     assert validation.parse_version("") == -1 and validation.parse_version("3") == 3
     with pytest.raises(InvalidArgumentError, match="invalid model version specified '-2'"):
         validation.parse_version("-2")
+    # std::stol, as Triton parses it: white space and a sign first, anything after the digits
+    # ignored; no digits, or a number past a long, is its error
+    assert validation.parse_version(" 7") == 7 and validation.parse_version("5abc") == 5
+    assert validation.parse_version("+4") == 4 and validation.parse_version(str(2**63 - 1)) == 2**63 - 1
+    for text in ("abc", "99999999999999999999", " ", "-"):
+        with pytest.raises(InvalidArgumentError) as info:
+            validation.parse_version(text)
+        assert info.value.message == (
+            f"failed to get model version from specified version string '{text}' (details: stol), "
+            "version should be an integral value > 0")

@@ -151,7 +151,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                     raise InvalidArgumentError(
                         f"unexpected 'content' provided when using shared memory for input tensor "
                         f"'{name}' for model '{model}'")
-                validation.check_new_input(inputs, name)
+                validation.check_new_input(inputs, name, msg.id)
                 inputs[name] = Tensor(name, datatype, shape, None, extra)
                 uses_shm = True
                 continue
@@ -173,7 +173,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
         else:
             raise InvalidArgumentError(
                 f"unable to find data for input tensor '{name}' for model '{model}' in request.")
-        validation.check_new_input(inputs, name)
+        validation.check_new_input(inputs, name, msg.id)
         inputs[name] = Tensor(name, datatype, shape, data, extra)
     outputs = []
     for out in msg.outputs:

@@ -573,7 +573,7 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     data_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
     for index, item in enumerate(inputs_json):
         tensor, offset, error = _decode_input(item, index, view, offset, has_header, model_name)
-        validation.check_new_input(inputs, tensor.name)
+        validation.check_new_input(inputs, tensor.name, request_id)
         inputs[tensor.name] = tensor
         if error is not None:
             data_errors[tensor.name] = error

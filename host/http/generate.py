@@ -16,6 +16,7 @@ import json
 import queue
 from typing import TYPE_CHECKING, Any, Callable
 
+from host import validation
 from host.errors import CancelledError, InvalidArgumentError, UnsupportedError
 from host.http.codec import dump_json, json_data, json_values, output_array, request_parameters
 from host.http.status import error_body
@@ -128,9 +129,7 @@ def decode_generate_request(doc: Any, metadata: dict[str, Any], model_name: str,
 
 def _add_input(inputs: dict[str, Tensor], name: str, value: Any, meta: dict[str, Any],
                request_id: str) -> None:
-    if name in inputs:
-        raise InvalidArgumentError(
-            f"[request id: {request_id or '<id_unknown>'}] input '{name}' already exists in request")
+    validation.check_new_input(inputs, name, request_id)
     inputs[name] = _tensor(name, value, meta)
 
 
