@@ -38,12 +38,14 @@ def bind_request(request: InferenceRequest, manager: Any, model_name: str) -> No
     request.shm_regions = []
     for tensor in request.inputs.values():
         if tensor.data is None:
-            tensor.data = _input_view(tensor, manager, model_name, request.shm_regions)
+            tensor.data = _input_view(tensor, manager, model_name, request.shm_regions,
+                                      request.protocol)
     targets = {}
     for output in request.outputs:
         params = output.parameters
         if params and mentions_shm(params):
-            region, offset, size = _target(params, output.name, manager, request.shm_regions)
+            region, offset, size = _target(params, output.name, manager, request.shm_regions,
+                                           request.protocol)
             targets[output.name] = (region, offset, size)
             output.parameters = {k: v for k, v in params.items() if k not in KEYS}
     request.shm_outputs = targets or None
@@ -68,9 +70,9 @@ def write_outputs(response: InferenceResponse, targets: dict[str, tuple[Any, int
 
 # --- inputs ------------------------------------------------------------------------------------
 
-def _input_view(tensor: Tensor, manager: Any, model_name: str, used: list) -> Any:
+def _input_view(tensor: Tensor, manager: Any, model_name: str, used: list, protocol: str) -> Any:
     name = tensor.name
-    region, offset, size = _target(tensor.parameters, name, manager, used)
+    region, offset, size = _target(tensor.parameters, name, manager, used, protocol)
     tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in KEYS}
     window = region.buffer[offset:offset + size]
     count = datatypes.element_count(tensor.shape)
@@ -130,10 +132,22 @@ def _write(tensor: Tensor, region: Any, offset: int, size: int) -> None:
 
 # --- references --------------------------------------------------------------------------------
 
-def _target(params: dict, name: str, manager: Any, used: list) -> tuple[Any, int, int]:
+# A size or an offset without a region: over gRPC Triton's front end words it (grpc_utils.h), over
+# HTTP it has no such rule (it would ignore them); this server refuses them over both.
+_WITHOUT_REGION = {
+    "grpc": "'{key}' can not be specified without '" + REGION + "' parameter for tensor '{name}'",
+}
+
+
+def _target(params: dict, name: str, manager: Any, used: list,
+            protocol: str = "") -> tuple[Any, int, int]:
     region_name = params.get(REGION)
     size = params.get(BYTE_SIZE)
     if region_name is None:
+        text = _WITHOUT_REGION.get(protocol)
+        if text is not None:  # Triton looks at the offset first
+            raise InvalidArgumentError(text.format(key=OFFSET if OFFSET in params else BYTE_SIZE,
+                                                   name=name))
         raise InvalidArgumentError(
             f"'{REGION}' must be specified along with '{BYTE_SIZE}' parameter for tensor '{name}'")
     if size is None:
