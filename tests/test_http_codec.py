@@ -326,7 +326,12 @@ MALFORMED = [
     ("float_shape", _json_request({**INT_IN, "shape": [2.0]}), None, InvalidArgumentError, "Unable to parse 'shape'"),
     ("bool_shape", _json_request({**INT_IN, "shape": [True]}), None, InvalidArgumentError, "Unable to parse 'shape'"),
     ("no_data", _json_request({k: v for k, v in INT_IN.items() if k != "data"}), None, InvalidArgumentError,
-     "But no field is set"),
+     "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+     "'shared_memory_region' in 'parameters'. But no field is set"),
+    # Triton's HTTP rule: a size without a region refers to no shared memory
+    ("size_without_region", _json_request({k: v for k, v in INT_IN.items() if k != "data"}
+                                          | {"parameters": {"shared_memory_byte_size": 8}}), None,
+     InvalidArgumentError, "But no field is set"),
     ("data_and_binary", _json_request({**INT_IN, "parameters": {"binary_data_size": 8}}), None,
      InvalidArgumentError, "But set 'data' 'binary_data_size'"),
     ("data_not_list", _json_request({**INT_IN, "data": 5}), None, InvalidArgumentError,

@@ -323,19 +323,19 @@ def _in(params: dict, data: list | None = None) -> dict:
     return tensor
 
 
+NO_FIELD = ("Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But no field is set")
 INFER_ERRORS = [  # (input parameters, requested-output parameters, status, message)
     ({"shared_memory_region": "{r}"}, None, 400,
      "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter for tensor 'IN_FP32'"),
-    # without a region: Triton's gRPC front end words it (it has no such rule over HTTP), the
-    # offset looked at first
+    # without a region: Triton's gRPC front end words it, the offset looked at first; over HTTP a
+    # size or an offset without a region refers to no shared memory (the input then has no data)
     ({"shared_memory_byte_size": 16}, None, 400, {
-        "http": "'shared_memory_region' must be specified along with 'shared_memory_byte_size' "
-                "parameter for tensor 'IN_FP32'",
+        "http": NO_FIELD,
         "grpc": "'shared_memory_byte_size' can not be specified without 'shared_memory_region' "
                 "parameter for tensor 'IN_FP32'"}),
     ({"shared_memory_byte_size": 16, "shared_memory_offset": 8}, None, 400, {
-        "http": "'shared_memory_region' must be specified along with 'shared_memory_byte_size' "
-                "parameter for tensor 'IN_FP32'",
+        "http": NO_FIELD,
         "grpc": "'shared_memory_offset' can not be specified without 'shared_memory_region' "
                 "parameter for tensor 'IN_FP32'"}),
     ({"shared_memory_region": "nope", "shared_memory_byte_size": 16}, None, 404,

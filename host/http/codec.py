@@ -23,7 +23,7 @@ import orjson
 from host import datatypes, raw_input, validation
 from host.errors import HostError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
-from host.shm.tensors import mentions_shm
+from host.shm.tensors import REGION, mentions_shm
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -474,12 +474,12 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
         raise InvalidArgumentError(f"Unable to parse 'parameters' of input '{name}': expected an object")
     has_data = "data" in item
     has_binary = "binary_data_size" in params
-    has_shm = mentions_shm(params)
+    has_shm = REGION in params  # Triton's HTTP rule: a size without a region is no reference
     if has_data + has_binary + has_shm != 1:
         given = [f"'{k}'" for k, on in (("data", has_data), ("binary_data_size", has_binary),
                                          ("shared_memory_region", has_shm)) if on]
         raise InvalidArgumentError(
-            f"Input '{name}' must set only one of the following fields: 'data', 'binary_data_size' "
+            "Input must set only one of the following fields: 'data', 'binary_data_size' "
             "in 'parameters', 'shared_memory_region' in 'parameters'. But "
             + (("set " + " ".join(given)) if given else "no field is set"))
     if has_shm:  # the host binds it to the region (host.shm)
