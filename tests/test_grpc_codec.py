@@ -262,3 +262,28 @@ def test_an_input_named_twice_is_tritons_error_with_the_requests_tag() -> None:
         with pytest.raises(InvalidArgumentError) as info:
             codec.decode_infer_request(_request(x, x, raw=[b"\0" * 4] * 2, id=request_id))
         assert info.value.message == f"[request id: {tag}] input 'X' already exists in request"
+
+
+def test_a_sequence_requests_turn_on_a_stream_waits_only_when_it_must() -> None:
+    """host.grpc.stream: the requests of a sequence reach the batcher in stream order. A turn
+    already done costs no wait and no event; a thread that comes early waits until it is done."""
+    import threading
+    import time
+
+    from host.grpc.stream import _Turn
+
+    lock = threading.Lock()
+    done = _Turn()
+    done.finish(lock)
+    done.wait(lock)  # returns at once
+    assert done.event is None
+
+    turn, order = _Turn(), []
+    waiter = threading.Thread(target=lambda: (turn.wait(lock), order.append("next")))
+    waiter.start()
+    while turn.event is None:  # the waiter made the event: it waits now
+        time.sleep(0.001)
+    order.append("first")
+    turn.finish(lock)
+    waiter.join(10)
+    assert order == ["first", "next"] and not waiter.is_alive()

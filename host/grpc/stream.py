@@ -63,6 +63,36 @@ class _Slot:
         self.ready = False
 
 
+class _Turn:
+    """One sequence request's turn to be submitted: done once it was. Most requests are read
+    and submitted by one thread, in order, so nobody waits: the event exists only when another
+    thread has to wait for this turn (made and set under the stream's lock)."""
+
+    __slots__ = ("done", "event")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.event: threading.Event | None = None
+
+    def wait(self, lock: threading.Lock) -> None:
+        if self.done:
+            return
+        with lock:
+            if self.done:
+                return
+            if self.event is None:
+                self.event = threading.Event()
+            event = self.event
+        event.wait()
+
+    def finish(self, lock: threading.Lock) -> None:
+        with lock:
+            self.done = True
+            event = self.event
+        if event is not None:
+            event.set()
+
+
 class Ticket:
     """An admitted request: its place in the response order (if it has one) and its kind.
 
@@ -73,8 +103,7 @@ class Ticket:
     __slots__ = ("slot", "decoupled", "after", "submitted")
 
     def __init__(self, slot: _Slot | None, decoupled: bool,
-                 after: threading.Event | None = None,
-                 submitted: threading.Event | None = None) -> None:
+                 after: _Turn | None = None, submitted: _Turn | None = None) -> None:
         self.slot = slot
         self.decoupled = decoupled
         self.after, self.submitted = after, submitted
@@ -91,7 +120,7 @@ class Stream:
         self._reading = True
         self._closed = False
         self._order: collections.deque[_Slot] = collections.deque()
-        self._last_sequenced: threading.Event | None = None  # see Ticket
+        self._last_sequenced: _Turn | None = None  # see Ticket
         # Triton's triton_grpc_error mode: the first error response ends the stream.
         self._error_ends = any(key == "triton_grpc_error" and value == "true"
                                for key, value in getattr(writer, "metadata", ()) or ())
@@ -110,7 +139,7 @@ class Stream:
                 self._order.append(slot)
             after = submitted = None
             if sequenced:
-                after, submitted = self._last_sequenced, threading.Event()
+                after, submitted = self._last_sequenced, _Turn()
                 self._last_sequenced = submitted
         return Ticket(slot, decoupled, after, submitted)
 
@@ -119,7 +148,7 @@ class Stream:
         slot = ticket.slot
         request = None
         if ticket.after is not None:
-            ticket.after.wait()
+            ticket.after.wait(self._lock)
         try:
             request = codec.decode_infer_request(msg)
             if self.forward is not None:
@@ -142,7 +171,7 @@ class Stream:
             self._finished()
         finally:
             if ticket.submitted is not None:
-                ticket.submitted.set()
+                ticket.submitted.finish(self._lock)
 
     def request_error(self, message: str) -> None:
         """A message of the stream could not be read as a request."""
