@@ -307,10 +307,7 @@ class Host:
                 else:
                     done(got[-1].error or got[-1])
 
-        if deferrable:
-            submit_deferrable(mv.stages.run if mv.stages else Stages.of(self, mv).run, request, collect)
-        else:
-            self._submit(mv, request, collect)
+        self._submit(mv, request, collect, deferrable)
 
     def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
         """Yield each response as it comes (final included when it carries data); closing early
@@ -328,11 +325,16 @@ class Host:
     def submit(self, request: InferenceRequest, callback: ResponseCallback) -> None:
         """Validate and schedule; `callback(response | None, final)` gets every response (the
         execute may be deferred as in `infer_async`)."""
-        mv = self.manager.get(request.model_name, request.model_version)
-        submit_deferrable(mv.stages.run if mv.stages else Stages.of(self, mv).run, request, callback)
+        self._submit(self.manager.get(request.model_name, request.model_version), request, callback,
+                     True)
 
-    def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback) -> None:
-        (mv.stages or Stages.of(self, mv)).run(request, callback)
+    def _submit(self, mv: ModelVersion, request: InferenceRequest, callback: ResponseCallback,
+                deferrable: bool = False) -> None:
+        run = (mv.stages or Stages.of(self, mv)).run
+        if deferrable:
+            submit_deferrable(run, request, callback)
+        else:
+            run(request, callback)
 
     # --- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

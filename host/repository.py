@@ -74,16 +74,22 @@ def scan_namespaced(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, 
     `mappings` as for `scan`."""
     found: dict[str, ModelLocation] = {}
     for root in roots:
-        mapping = mappings.get(Path(root), {}) if mappings else {}
-        try:
-            entries = sorted(os.scandir(root), key=lambda e: e.name)
-        except OSError as exc:
-            raise NotFoundError(f"failed to open model repository '{root}': {exc.strerror}") from None
-        for entry in entries:
-            if entry.is_dir() and not entry.name.startswith("."):
-                key = ModelKey(mapping.get(entry.name, entry.name), str(root))
-                found[key] = ModelLocation(key, Path(root), Path(entry.path))
+        for name, path in _model_folders(root, mappings):
+            key = ModelKey(name, str(root))
+            found[key] = ModelLocation(key, Path(root), path)
     return found, {}
+
+
+def _model_folders(root: Path, mappings: Mapping[Path, Mapping[str, str]] | None
+                   ) -> list[tuple[str, Path]]:
+    """(served name, folder) of each model folder of a repository, by folder name."""
+    mapping = mappings.get(Path(root), {}) if mappings else {}
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        raise NotFoundError(f"failed to open model repository '{root}': {exc.strerror}") from None
+    return [(mapping.get(e.name, e.name), Path(e.path)) for e in entries
+            if e.is_dir() and not e.name.startswith(".")]
 
 
 def scan(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None
@@ -97,20 +103,12 @@ def scan(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | Non
     found: dict[str, ModelLocation] = {}
     errors: dict[str, str] = {}
     for root in roots:
-        mapping = mappings.get(Path(root), {}) if mappings else {}
-        try:
-            entries = sorted(os.scandir(root), key=lambda e: e.name)
-        except OSError as exc:
-            raise NotFoundError(f"failed to open model repository '{root}': {exc.strerror}") from None
-        for entry in entries:
-            if not entry.is_dir() or entry.name.startswith("."):
-                continue
-            name = mapping.get(entry.name, entry.name)
+        for name, path in _model_folders(root, mappings):
             if name in found:
                 errors[name] = (f"model '{name}' exists in multiple model repositories: "
                                 f"'{found[name].root}' and '{root}'")
                 continue
-            found[name] = ModelLocation(name, Path(root), Path(entry.path))
+            found[name] = ModelLocation(name, Path(root), path)
     return found, errors
 
 

@@ -167,6 +167,25 @@ def test_shared_memory_inputs_with_outputs_in_the_body(server, protocol, regions
         client.unregister_system_shared_memory(region.name)
 
 
+def test_bytes_in_shared_memory_are_counted_as_in_a_request_body(server, protocol, regions) -> None:
+    """Triton's core checks BYTES elements wherever they are: too few in a region is its text."""
+    client, mod = _client(server, protocol)
+    raw = _raw("BYTES", VALUES["BYTES"][:3])
+    region = regions(len(raw))
+    region.write(raw)
+    client.register_system_shared_memory(region.name, region.key, region.size)
+    try:
+        tensor = mod.InferInput("IN_BYTES", [4], "BYTES")
+        tensor.set_shared_memory(region.name, len(raw))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("identity_all", [tensor])
+        assert ("expected 4 string elements for inference input 'IN_BYTES' for model "
+                "'identity_all', got 3") in str(info.value)
+        assert client.is_server_live()
+    finally:
+        client.unregister_system_shared_memory(region.name)
+
+
 def test_register_window_at_an_offset_of_the_object(server, protocol, regions) -> None:
     client, mod = _client(server, protocol)
     region = regions(4096 + 64)

@@ -68,13 +68,7 @@ class _Resource:
 
     def json_body(self, req: falcon.Request) -> dict[str, Any]:
         """An optional JSON object body ({} when empty)."""
-        data = self.body(req)
-        if not data:
-            return {}
-        doc = codec.load_json(data)
-        if not isinstance(doc, dict):
-            raise InvalidArgumentError("the request JSON must be an object")
-        return doc
+        return codec.load_json_object(self.body(req))
 
 
 class Server(_Resource):
@@ -245,9 +239,7 @@ class Generate(_Resource):
     def _request(self, req: falcon.Request, model: str, version: str) -> InferenceRequest:
         version = _version(version)
         data = self.env_body(req.env, json_only=True)
-        doc = codec.load_json(data) if data else {}
-        if not isinstance(doc, dict):
-            raise InvalidArgumentError("the request JSON must be an object")
+        doc = codec.load_json_object(data)
         metadata = self.host.model_metadata(model, version)
         return generate.decode_generate_request(doc, metadata, model, validation.parse_version(version),
                                                 raw=data)

@@ -430,13 +430,7 @@ class SageMakerApp(_CloudApp):
         return _reply(start_response, "200 OK")
 
     def _json(self, env: dict) -> dict[str, Any]:
-        data = self._body(env)
-        if not data:
-            return {}
-        doc = codec.load_json(data)
-        if not isinstance(doc, dict):
-            raise InvalidArgumentError("the request JSON must be an object")
-        return doc
+        return codec.load_json_object(self._body(env))
 
 
 def check_inference_type(value: str) -> None:

@@ -80,6 +80,16 @@ def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
     return False
 
 
+def load_json_object(buf: bytes | memoryview) -> dict[str, Any]:
+    """An optional JSON object body: {} when empty; anything but an object is refused."""
+    if not buf:
+        return {}
+    doc = load_json(buf)
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("the request JSON must be an object")
+    return doc
+
+
 def load_json(buf: bytes | memoryview) -> Any:
     if _may_nest_deeper(buf, _ORJSON_MAX_NESTING):
         # As deep as rapidjson's iterative parser takes it: the caller then refuses what it

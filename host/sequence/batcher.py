@@ -264,24 +264,27 @@ class SequenceBatcher:
                         self._reaper_cond.notify()
                 return
             worker = slot.worker
-            if worker.running or self.delay_ns or self._stopping or self._delay:
-                worker.cond.notify()
+            if not self._in_place(worker):
                 return
             # A front end's event loop that has more requests to read runs the batch once it
             # has read them: those of other slots then share the execute (host.scheduler.defer).
             if defer(worker, functools.partial(self._run_idle, worker)):
                 return
-            batch = self._idle_batch(worker)
+            batch = self._take_in_place(worker)
         if batch is not None:
             worker.run_batch(*batch)
 
-    def _idle_batch(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
-        """The instance is idle and nothing is worth waiting for: the batch for this thread to
-        run, sparing the hand-over to the worker thread and back (most of a small model's cost);
-        None when there is nothing to run here (lock held)."""
+    def _in_place(self, worker: _Worker) -> bool:
+        """Whether the instance is idle and nothing is worth waiting for, so that a submitting
+        thread may run its batch, sparing the hand-over to the worker thread and back (most of a
+        small model's cost); if not, the worker thread is told (lock held)."""
         if worker.running or self.delay_ns or self._stopping or self._delay:
             worker.cond.notify()
-            return None
+            return False
+        return True
+
+    def _take_in_place(self, worker: _Worker) -> tuple[list[InferenceRequest], int] | None:
+        """The batch for this thread to run; None when nothing is left (lock held)."""
         busy = self._drop_cancelled(worker.busy())
         if not busy:  # the requests were cancelled meanwhile, and answered
             return None
@@ -292,7 +295,7 @@ class SequenceBatcher:
     def _run_idle(self, worker: _Worker) -> None:
         """A deferred run (host.scheduler.defer): what the instance's slots hold now."""
         with self.lock:
-            batch = self._idle_batch(worker)
+            batch = self._take_in_place(worker) if self._in_place(worker) else None
         if batch is not None:
             worker.run_batch(*batch)
 

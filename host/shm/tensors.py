@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from host import datatypes
+from host import datatypes, validation
 from host.errors import InvalidArgumentError
 from host.inference import InferenceRequest, InferenceResponse, Tensor
 from host.parameters import Uint64
@@ -75,19 +75,11 @@ def _input_view(tensor: Tensor, manager: Any, model_name: str, used: list, proto
     region, offset, size = _target(tensor.parameters, name, manager, used, protocol)
     tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in KEYS}
     window = region.buffer[offset:offset + size]
-    count = datatypes.element_count(tensor.shape)
+    # The rules of data in a request body (host.validation), as Triton's core checks both alike.
     if tensor.datatype == "BYTES":
         host = window if region.kind == "system" else window.get()  # strings are parsed on the CPU
-        try:
-            return datatypes.bytes_array(datatypes.deserialize_bytes(memoryview(host), count),
-                                         tensor.shape)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"input '{name}': {exc.message}") from None
-    expected = datatypes.element_size(tensor.datatype) * count
-    if size != expected:
-        raise InvalidArgumentError(
-            f"input byte size mismatch for input '{name}' for model '{model_name}'. "
-            f"Expected {expected}, got {size}")
+        return validation.bytes_input(name, model_name, tensor.shape, memoryview(host), protocol)
+    validation.fixed_size_count(name, model_name, tensor.datatype, tensor.shape, size)
     view = window.view(datatypes.to_numpy(tensor.datatype)).reshape(tensor.shape)
     if region.kind == "system":
         view.flags.writeable = False  # the model reads the client's bytes; it must not change them
