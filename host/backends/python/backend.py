@@ -58,7 +58,6 @@ import logging
 import os
 import re
 import sys
-import tarfile
 import threading
 import traceback
 import types
@@ -70,7 +69,7 @@ import numpy as np
 
 from host import bls
 from host.backend import Backend, Instance, InstanceSpec, Model, ModelSpec
-from host.backends.python import pb_utils, settings
+from host.backends.python import envs, pb_utils, settings
 from host.config import config_from_json, config_to_json
 from host.errors import (
     HostError,
@@ -404,24 +403,91 @@ def triton_stub_argv() -> None:
     sys.argv = [""]
 
 
-def check_env_archive(path: Path) -> None:
-    """An EXECUTION_ENV_PATH archive is not unpacked here (models run in the server's Python),
-    but one that Triton would refuse to unpack (libarchive's secure-extraction rules: an entry
-    with an absolute path or a '..' component) fails the load with Triton's error."""
-    if not path.is_file():
-        return
+def auto_complete(spec: ModelSpec, backend_model: Path | None) -> Any:
+    """The model's `auto_complete_config` run on its configuration, in this process: the
+    completed configuration, or None when the model has no such function."""
+    path = model_file(spec, backend_model)
+    ctx = pb_utils._ModelContext(spec.name, model_dir(spec, path, backend_model))
     try:
-        with tarfile.open(path) as archive:
-            for member in archive:
-                why = ("Path is absolute" if member.name.startswith("/") else
-                       "Path contains '..'" if ".." in member.name.split("/") else "")
-                if why:
-                    raise InternalError(
-                        f"archive_write_header() failed with error code = -25 error message "
-                        f"is {why}")
-    except tarfile.TarError as exc:
+        module = import_model_module(path, ctx, f"{spec.name}_autocomplete")
+    except HostError:
+        raise
+    except Exception as exc:
         raise InternalError(
-            f"archive_read_next_header() failed for EXECUTION_ENV_PATH '{path}': {exc}") from None
+            f"failed to import python model '{spec.name}' from '{path}': "
+            f"{_exception_text(exc)}") from exc
+    try:
+        cls = _model_class(module, path)
+        hook = getattr(cls, "auto_complete_config", None)
+        if hook is None:
+            return None
+        config = pb_utils.ModelConfig(config_to_json(spec.config))
+        token = pb_utils._ACTIVE.set(ctx)
+        try:
+            result = hook(config)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        except HostError:
+            raise
+        except Exception as exc:
+            raise InternalError(
+                f"auto_complete_config of model '{spec.name}' failed: "
+                f"{_exception_text(exc, ctx.model_dir)}") from exc
+        finally:
+            pb_utils._ACTIVE.reset(token)
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise InvalidArgumentError(
+                f"auto_complete_config function in model '{spec.name}' must return a valid "
+                "pb.ModelConfig object.")
+        return config_from_json(json.loads(json.dumps(result.as_dict())))
+    finally:
+        forget_module(module)
+
+
+def model_environment(spec: ModelSpec, backend_model: Path | None) -> envs.Environment | None:
+    """The model's execution environment (EXECUTION_ENV_PATH, host.backends.python.envs),
+    unpacked and checked; None when it has none."""
+    value = spec.config.parameters.get(envs.PARAMETER)
+    if value is None or not value.string_value:
+        return None
+    path = execution_env_path(spec.path, value.string_value)
+    if backend_model is not None:
+        raise InvalidArgumentError(
+            f"model '{spec.name}': {envs.PARAMETER} is not supported for a python-based backend "
+            f"('{spec.backend}') here: its model.py runs in the server process")
+    mode = spec.parameter(settings.EXECUTION_MODE_PARAMETER)
+    if mode is not None and mode.strip().lower() != "process":
+        raise InvalidArgumentError(
+            f"model '{spec.name}': {envs.PARAMETER} runs the model in a process of its own "
+            f"started from that environment; remove {settings.EXECUTION_MODE_PARAMETER} "
+            "'thread' or set it to 'process'")
+    return envs.locate(path)
+
+
+def _auto_complete_in(env: envs.Environment, spec: ModelSpec, backend_model: Path | None) -> Any:
+    """`auto_complete` run by a one-shot child in the model's environment."""
+    import pickle
+
+    from host.proto import model_config_pb2
+
+    payload = pickle.dumps({"name": spec.name, "version": spec.version,
+                            "repository": spec.repository, "path": spec.path,
+                            "config": spec.config.SerializeToString()})
+    try:
+        done = envs.run_child(env, "host.backends.python.env_child", payload)
+    except OSError as exc:
+        raise InternalError(f"model '{spec.name}': cannot start its auto-complete process: {exc}") from None
+    try:
+        answer = pickle.loads(done.stdout) if done.returncode == 0 else None
+    except Exception:  # noqa: BLE001 - whatever the child printed, it is not an answer
+        answer = None
+    if answer is None:
+        why = done.stderr.decode(errors="replace").strip()[-1000:]
+        raise InternalError(f"Stub process '{spec.name}' failed to run auto_complete_config in "
+                            f"its execution environment: {why}")
+    if answer[0] == "error":
+        raise error_for(_Code[answer[1]], answer[2])
+    return model_config_pb2.ModelConfig.FromString(answer[1])
 
 
 # --- backend / model / instance ----------------------------------------------------------------
@@ -445,42 +511,13 @@ class PythonBackend(Backend):
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
-        path = model_file(spec, self.backend_model)
-        ctx = pb_utils._ModelContext(spec.name, model_dir(spec, path, self.backend_model))
-        try:
-            module = import_model_module(path, ctx, f"{spec.name}_autocomplete")
-        except HostError:
-            raise
-        except Exception as exc:
-            raise InternalError(
-                f"failed to import python model '{spec.name}' from '{path}': "
-                f"{_exception_text(exc)}") from exc
-        try:
-            cls = _model_class(module, path)
-            hook = getattr(cls, "auto_complete_config", None)
-            if hook is None:
-                return
-            config = pb_utils.ModelConfig(config_to_json(spec.config))
-            token = pb_utils._ACTIVE.set(ctx)
-            try:
-                result = hook(config)
-            except ValueError as exc:
-                raise InvalidArgumentError(str(exc)) from exc
-            except HostError:
-                raise
-            except Exception as exc:
-                raise InternalError(
-                    f"auto_complete_config of model '{spec.name}' failed: "
-                    f"{_exception_text(exc, ctx.model_dir)}") from exc
-            finally:
-                pb_utils._ACTIVE.reset(token)
-            if not isinstance(result, pb_utils.ModelConfig):
-                raise InvalidArgumentError(
-                    f"auto_complete_config function in model '{spec.name}' must return a valid "
-                    "pb.ModelConfig object.")
-            spec.config.CopyFrom(config_from_json(json.loads(json.dumps(result.as_dict()))))
-        finally:
-            forget_module(module)
+        env = model_environment(spec, self.backend_model)
+        if env is not None:  # the model imports what only its environment has: ask it there
+            spec.config.CopyFrom(_auto_complete_in(env, spec, self.backend_model))
+            return
+        completed = auto_complete(spec, self.backend_model)
+        if completed is not None:
+            spec.config.CopyFrom(completed)
 
     def create_model(self, spec: ModelSpec) -> PythonModel:
         model = PythonModel(spec)
@@ -492,13 +529,14 @@ class PythonBackend(Backend):
 class PythonModel(Model):
     backend_settings: dict[str, str] = {}
     backend_model: Path | None = None
+    in_stub = False  # this model object lives in a process-mode stub (host.backends.python.stub)
+    environment: envs.Environment | None = None  # EXECUTION_ENV_PATH: its instances run there
 
     def initialize(self) -> None:
         self.path = model_file(self.spec, self.backend_model)
         self.model_dir = model_dir(self.spec, self.path, self.backend_model)
-        env = self.spec.config.parameters.get("EXECUTION_ENV_PATH")
-        if env is not None and env.string_value:
-            check_env_archive(execution_env_path(self.spec.path, env.string_value))
+        if not self.in_stub:  # a stub runs in the environment already
+            self.environment = model_environment(self.spec, self.backend_model)
         cfg = self.spec.config
         self.output_names = [o.name for o in cfg.output]
 
@@ -508,18 +546,24 @@ class PythonModel(Model):
         (EXECUTION_MODE "process"). In this process (the default "thread" mode) they load one
         after the other: models count their instances in files under POSIX locks (fcntl), which
         keep processes apart, not threads (TRITON_PARALLEL_INSTANCE_LOADING=1 forces it)."""
-        return (settings.execution_mode(self.spec, self.backend_settings) == "process"
-                and self.backend_model is None)
+        return self._in_processes()
+
+    def _in_processes(self) -> bool:
+        """Whether each instance runs in a stub process: EXECUTION_MODE "process", or an
+        execution environment (only a process can run another Python)."""
+        return self.backend_model is None and (
+            self.environment is not None
+            or settings.execution_mode(self.spec, self.backend_settings) == "process")
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
         check_stub_name(spec.name)
         # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
         # (A python-based backend's shared model.py runs in process.)
-        if (settings.execution_mode(self.spec, self.backend_settings) == "process"
-                and self.backend_model is None):
+        if self._in_processes():
             from host.backends.python.process import ProcessInstance
 
-            return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings))
+            return ProcessInstance(self, spec, settings.arena_bytes(self.backend_settings),
+                                   self.environment)
         return PythonInstance(self, spec)
 
 

@@ -40,6 +40,7 @@ from host import affinity
 from host.backend import Instance, InstanceSpec
 from host.backends.python import settings
 from host.backends.python.backend import _on_host
+from host.backends.python.envs import Environment
 from host.backends.python.channel import Channel, ChannelClosed
 from host.backends.python.shm_arena import Arena
 from host.errors import Code, HostError, InternalError, UnavailableError, error_for
@@ -48,6 +49,8 @@ from host.inference import InferenceResponse as HostResponse
 from host.inference import Tensor as HostTensor
 
 log = logging.getLogger(__name__)
+
+STUB_MODULE = "host.backends.python.stub"
 
 
 FINALIZE_TIMEOUT_S = 30.0
@@ -225,8 +228,10 @@ class ProcessInstance(Instance):
 
     _keys = itertools.count(1)
 
-    def __init__(self, model: Any, spec: InstanceSpec, arena_bytes: int = settings.DEFAULT_ARENA_BYTES) -> None:
+    def __init__(self, model: Any, spec: InstanceSpec, arena_bytes: int = settings.DEFAULT_ARENA_BYTES,
+                 environment: Environment | None = None) -> None:
         self.model = model
+        self.environment = environment  # EXECUTION_ENV_PATH: the stub runs in it (host.backends.python.envs)
         self.spec = spec
         self.name = spec.name
         self.arena_bytes = arena_bytes
@@ -256,12 +261,15 @@ class ProcessInstance(Instance):
         # not inherit that (host.affinity), it is there to use another core.
         widened = affinity.widen()
         try:
+            # The stub's command line names Triton's stub binary and the instance, so that
+            # tools that find Triton's stubs by name (`pgrep -f triton_python_backend_stub`,
+            # as Triton's QA scripts do) find these (the stub reads only its first argument).
+            args = (str(child_end.fileno()), "triton_python_backend_stub", self.name)
+            env = self.environment
             proc = subprocess.Popen(
-                # The stub's command line names Triton's stub binary and the instance, so that
-                # tools that find Triton's stubs by name (`pgrep -f triton_python_backend_stub`,
-                # as Triton's QA scripts do) find these (the stub reads only its first argument).
-                [sys.executable, "-m", "host.backends.python.stub", str(child_end.fileno()),
-                 "triton_python_backend_stub", self.name],
+                [sys.executable, "-m", STUB_MODULE, *args] if env is None
+                else env.command(STUB_MODULE, *args),
+                env=None if env is None else env.variables(),
                 pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL)
         except BaseException:
             for a in (in_arena, out_arena):

@@ -96,6 +96,7 @@ class Stub:
         spec = ModelSpec(name=init["name"], version=init["version"], repository=init["repository"],
                          path=init["path"], config=config, backend="python")
         self.model = PythonModel(spec)
+        self.model.in_stub = True
         self.model.initialize()
         self.instance = PythonInstance(self.model, InstanceSpec(**init["instance"]))
         self.instance.exit_ends_process = True  # sys.exit() in execute ends this stub
