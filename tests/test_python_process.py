@@ -169,18 +169,157 @@ output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
 ''' + PROCESS
 
 BLS_MODEL = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # Model control from initialize reaches the server too (BLS requests do not: Triton's
+        # rule, "BLS is only supported during the 'execute' function").
+        self.ready_at_init = pb_utils.is_model_ready("callee_add")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            y, msg = 0, ""
+            if x == 0:  # one call, two outputs (one BYTES), inputs and outputs through the arenas
+                r = pb_utils.InferenceRequest(
+                    model_name="callee_add", requested_output_names=["OUT", "NAME"],
+                    inputs=[pb_utils.Tensor("IN", np.arange(5, dtype=np.int32))]).exec()
+                out = pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()
+                name = pb_utils.get_output_tensor_by_name(r, "NAME").as_numpy()[0]
+                y, msg = int(out.sum()), name.decode()
+            elif x == 1:
+                y = int(pb_utils.is_model_ready("callee_add")) + 10 * int(
+                    pb_utils.is_model_ready("no_such_model"))
+            elif x == 2:  # a decoupled callee: every response, then the empty final one
+                rs = list(pb_utils.InferenceRequest(
+                    model_name="callee_stream", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("IN", np.array([4], np.int32))]).exec(decoupled=True))
+                y = sum(int(t.as_numpy()[0]) for r in rs for t in r.output_tensors())
+                msg = str(len(rs))
+            elif x == 3:  # an error comes back as an error response, with the callee's text
+                r = pb_utils.InferenceRequest(model_name="no_such_model", requested_output_names=["OUT"],
+                                              inputs=[]).exec()
+                y, msg = int(r.has_error()), r.error().message()
+            elif x == 4:  # a large tensor both ways (4 MiB)
+                big = np.ones(1 << 20, np.int32)
+                r = pb_utils.InferenceRequest(model_name="callee_add", requested_output_names=["OUT"],
+                                              inputs=[pb_utils.Tensor("IN", big)]).exec()
+                y = int(r.output_tensors()[0].as_numpy().sum())
+            elif x == 5:
+                msg = str(self.ready_at_init)
+            elif x == 6:  # many calls: the arenas' blocks come back
+                for _ in range(300):
+                    r = pb_utils.InferenceRequest(
+                        model_name="callee_add", requested_output_names=["OUT"],
+                        inputs=[pb_utils.Tensor("IN", np.ones(1 << 16, np.int32))]).exec()
+                    y += int(r.output_tensors()[0].as_numpy()[0])
+            elif x == 7:  # cancel a decoupled call: the callee stops early
+                it = pb_utils.InferenceRequest(
+                    model_name="callee_slow", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("IN", np.array([500], np.int32))]).exec(decoupled=True)
+                first = next(iter(it))
+                it.cancel()
+                y = 1 + sum(1 for _ in it)
+                msg = str(int(first.output_tensors()[0].as_numpy()[0]))
+            elif x == 8:  # a call back into this model (one instance): runs as a recursion
+                r = pb_utils.InferenceRequest(
+                    model_name="proc_bls", requested_output_names=["Y", "MSG"],
+                    inputs=[pb_utils.Tensor("X", np.array([0], np.int32))]).exec()
+                y = int(pb_utils.get_output_tensor_by_name(r, "Y").as_numpy()[0])
+                msg = pb_utils.get_output_tensor_by_name(r, "MSG").as_numpy()[0].decode()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", np.array([y], np.int32)),
+                pb_utils.Tensor("MSG", np.array([msg.encode()], np.object_))]))
+        return responses
+'''
+
+CALLEE_SLOW = '''
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        for request in requests:
-            if pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0] == 1:
-                pb_utils.is_model_ready("proc_types")
-            pb_utils.InferenceRequest(model_name="proc_types", requested_output_names=["PID"],
-                                      inputs=[]).exec()
+        for r in requests:
+            sender = r.get_response_sender()
+            for i in range(int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])):
+                if r.is_cancelled():
+                    break
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
+                time.sleep(0.01)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 '''
+
+BLS_ASYNC_MODEL = '''
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            calls = [pb_utils.InferenceRequest(
+                model_name="callee_add", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.array([i], np.int32))]).async_exec()
+                for i in range(3)]
+            results = await asyncio.gather(*calls)
+            y = sum(int(r.output_tensors()[0].as_numpy()[0]) for r in results)  # 1+2+3
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", np.array([y], np.int32)),
+                pb_utils.Tensor("MSG", np.array([b""], np.object_))]))
+        return responses
+'''
+
+CALLEE_ADD = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 1),
+            pb_utils.Tensor("NAME", np.array([b"callee"], np.object_))]) for r in requests]
+'''
+
+CALLEE_ADD_CONFIG = '''
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] },
+         { name: "NAME" data_type: TYPE_STRING dims: [ 1 ] } ]
+'''
+
+CALLEE_STREAM = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            for i in range(int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+CALLEE_STREAM_CONFIG = '''
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+'''
+
+BLS_CALLER_CONFIG = '''
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "MSG" data_type: TYPE_STRING dims: [ 1 ] } ]
+''' + PROCESS
 
 BLS_CONFIG = '''
 max_batch_size: 0
@@ -252,7 +391,11 @@ MODELS = {
     "proc_decoupled": (DECOUPLED_CONFIG, DECOUPLED_MODEL),
     "proc_busy": (BUSY_CONFIG, BUSY_MODEL),
     "proc_crash": (CRASH_CONFIG, CRASH_MODEL),
-    "proc_bls": (BLS_CONFIG, BLS_MODEL),
+    "proc_bls": (BLS_CALLER_CONFIG, BLS_MODEL),
+    "proc_bls_async": (BLS_CALLER_CONFIG, BLS_ASYNC_MODEL),
+    "callee_add": (CALLEE_ADD_CONFIG, CALLEE_ADD),
+    "callee_stream": (CALLEE_STREAM_CONFIG, CALLEE_STREAM),
+    "callee_slow": (CALLEE_STREAM_CONFIG, CALLEE_SLOW),
 }
 
 
@@ -433,16 +576,30 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def test_bls_from_a_stub_fails_clearly(server):
-    client = httpclient.InferenceServerClient(server.url)
+def _bls_infer(client, model: str, value: int) -> tuple[int, str]:
     x = httpclient.InferInput("X", [1], "INT32")
-    x.set_data_from_numpy(np.array([1], dtype=np.int32))
-    for value in (0, 1):  # 0: InferenceRequest.exec, 1: is_model_ready
-        x.set_data_from_numpy(np.array([value], dtype=np.int32))
-        with pytest.raises(InferenceServerException) as info:
-            client.infer("proc_bls", [x])
-        assert "BLS is not available to a python model that runs in its own process" in \
-            info.value.message()
+    x.set_data_from_numpy(np.array([value], dtype=np.int32))
+    result = client.infer(model, [x])
+    return int(result.as_numpy("Y")[0]), result.as_numpy("MSG")[0].decode()
+
+
+def test_bls_from_a_stub_reaches_the_server(server):
+    client = httpclient.InferenceServerClient(server.url)
+    assert _bls_infer(client, "proc_bls", 0) == (15, "callee")  # (0..4 + 1), BYTES output too
+    assert _bls_infer(client, "proc_bls", 1) == (1, "")  # ready; an unknown model is not
+    assert _bls_infer(client, "proc_bls", 2) == (6, "5")  # 0+1+2+3 in 4 responses + the final
+    y, msg = _bls_infer(client, "proc_bls", 3)
+    assert y == 1 and "no_such_model" in msg and "Error when running inference" in msg
+    assert _bls_infer(client, "proc_bls", 4) == (2 << 20, "")  # 1M elements of 2
+    assert _bls_infer(client, "proc_bls", 5) == (0, "True")  # asked in initialize
+    assert _bls_infer(client, "proc_bls", 6) == (600, "")  # 300 calls of 256 KiB each way
+    assert _bls_infer(client, "proc_bls_async", 0) == (6, "")  # async_exec, three at once
+    y, first = _bls_infer(client, "proc_bls", 7)  # cancelled after its first response
+    assert first == "0" and 1 <= y < 100
+    assert _bls_infer(client, "proc_bls", 8) == (15, "callee")  # itself, through x = 0
+    # The callee counted the calls as requests of its own (they went through the server).
+    stats = client.get_inference_statistics("callee_add")["model_stats"][0]
+    assert stats["inference_count"] == 1 + 1 + 300 + 3 + 1  # x = 0, 4, 6, async, x = 8
 
 
 def test_implicit_state_of_a_sequence_crosses_the_stub(server):

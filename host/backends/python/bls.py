@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 # executor): a callee that runs in place must not block the caller's event loop. Generous, so
 # that calls waiting for busy instances do not starve the others of threads.
 _executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="bls")
+# Where calls go when not to a host in this process (a process-mode stub sends them to the
+# server): (call, decoupled) -> what `_start` returns.
+starter: Any = None
 
 
 def _pb() -> Any:
@@ -99,15 +102,25 @@ class _Call:
         self.responses.put((response, final))
 
 
-def _start(call: pb.InferenceRequest, decoupled: bool) -> _Call | pb.InferenceResponse:
-    """Submit the call to the host; an error response if it cannot be sent."""
-    name = call._model_name
+def _start(call: pb.InferenceRequest, decoupled: bool) -> Any:
+    """Send the call: a `_Call` (its responses come on `.responses`, `.request.cancel()` stops
+    it), or an error response if it cannot be sent. In a process-mode stub the call travels to
+    the server process instead (host.backends.python.stub sets `starter`)."""
+    if starter is not None:
+        return starter(call, decoupled)
+    return start(call._model_name, int(call._model_version), lambda: _host_request(call), decoupled)
+
+
+def start(name: str, version: int, make_request: Any, decoupled: bool
+          ) -> _Call | pb.InferenceResponse:
+    """Submit a BLS request for `name` to the host in this process; an error response if it
+    cannot be sent. `make_request()` builds the host request once the model is known."""
     try:
         host = bls.server()
     except HostError:  # no server in this process: every model is unknown
         return _failed(name, f"Request for unknown model: '{name}' is not found")
     try:
-        mv = host.manager.get(name, int(call._model_version))
+        mv = host.manager.get(name, version)
     except HostError as exc:
         # Current Triton: TRITONSERVER_ServerModelIsReady fails with the core's lookup error
         # ("Request for unknown model: 'm' is not found"); 2.51 said "Failed for execute the
@@ -118,7 +131,7 @@ def _start(call: pb.InferenceRequest, decoupled: bool) -> _Call | pb.InferenceRe
             f"Model {name} is using the decoupled. The current BLS request call doesn't support "
             "models using the decoupled transaction policy. Please use 'decoupled=True' argument "
             "to the 'exec' or 'async_exec' calls for decoupled models.'"))
-    pending = _Call(_host_request(call))
+    pending = _Call(make_request())
     if decoupled and not getattr(mv.scheduler, "queues", False):
         # This scheduler runs the callee on the submitting thread: its whole execute would run
         # before exec() returns, so the caller could neither read its responses as they come
@@ -145,7 +158,7 @@ def _submit_detached(host: Any, pending: _Call) -> None:
 def execute(call: pb.InferenceRequest, decoupled: bool = False) -> Any:
     """`exec()`: the response (or, decoupled, an iterator over every response)."""
     started = _start(call, decoupled)
-    if not isinstance(started, _Call):
+    if isinstance(started, _pb().InferenceResponse):  # refused: an error response
         return ResponseIterator.of([started]) if decoupled else started
     if decoupled:
         return ResponseIterator(started)

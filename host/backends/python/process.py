@@ -25,6 +25,7 @@ Statistics, metrics, the response cache and model control stay in the host: the 
 from __future__ import annotations
 
 import collections
+import json
 import itertools
 import logging
 import select
@@ -37,8 +38,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from host import affinity
+from host import bls as host_bls
 from host.backend import Instance, InstanceSpec
-from host.backends.python import settings
+from host.backends.python import bls as python_bls
+from host.backends.python import pb_utils, settings
 from host.backends.python.backend import _on_host
 from host.backends.python.envs import Environment
 from host.backends.python.channel import Channel, ChannelClosed
@@ -46,6 +49,7 @@ from host.backends.python.shm_arena import Arena
 from host.errors import Code, HostError, InternalError, UnavailableError, error_for
 from host.inference import InferenceRequest as HostRequest
 from host.inference import InferenceResponse as HostResponse
+from host.inference import RequestedOutput
 from host.inference import Tensor as HostTensor
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,14 @@ STUB_MODULE = "host.backends.python.stub"
 
 FINALIZE_TIMEOUT_S = 30.0
 _POLL_S = 0.1  # how often the reader looks for cancelled requests and blocks to give back
+
+
+def _code_name(code: int) -> str:
+    """The host's error code named by a pb_utils.TritonError code."""
+    try:
+        return Code[pb_utils._ErrorCode(code).name].name
+    except (KeyError, ValueError):
+        return Code.INTERNAL.name
 
 
 class _Pending:
@@ -95,6 +107,8 @@ class _Child:
         self.pending: dict[int, _Pending] = {}
         self.batches: dict[int, _Batch] = {}
         self.to_free: collections.deque[int] = collections.deque()  # output blocks to give back
+        self.held: tuple[Any, ...] = ()  # the instances the caller of the current execute holds
+        self.bls_calls: dict[int, Any] = {}  # the child's BLS calls in flight, by its id
         self.dead = False
         self.finishing = False
         self.fini_done = threading.Event()
@@ -165,6 +179,110 @@ class _Child:
                 batch.event.set()
         elif kind == "fini_done":
             self.fini_done.set()
+        else:
+            self.dispatch_call(msg)
+
+    # --- BLS and model control from the child (host.backends.python.stub._RemoteBLS) ---
+
+    CALL_KINDS = frozenset({"bls", "bls_cancel", "ctl", "free_in"})
+
+    def dispatch_call(self, msg: tuple[Any, ...], inline: bool = False) -> None:
+        """A call from the model. It runs on a pool thread (the callee may run on the submitting
+        thread, and this reader must keep reading), or on this thread when `inline`: during the
+        child's initialize, on the thread that loads the model, which holds the repository
+        lock that a model control call needs."""
+        kind = msg[0]
+        if kind == "free_in":
+            for offset in msg[1]:
+                self.in_arena.free(offset)
+        elif kind == "bls_cancel":
+            call = self.bls_calls.get(msg[1])
+            if call is not None:
+                call.request.cancel()
+        elif kind in ("bls", "ctl"):
+            run = self._run_bls if kind == "bls" else self._run_control
+            if inline:
+                run(*msg[1:])
+            else:
+                python_bls._executor.submit(run, *msg[1:])
+
+    def _run_bls(self, call_id: int, wire: dict[str, Any], decoupled: bool) -> None:
+        inputs = wire["inputs"]
+        views: dict[str, HostTensor] = {}
+
+        def make_request() -> HostRequest:
+            release = self.to_free.append  # the child's blocks go back once the host lets go
+            for name, ref in inputs:
+                views[name] = HostTensor(name=name, datatype=ref[0], shape=list(ref[1]),
+                                         data=self.out_arena.view(ref, release))
+            flags, parameters = wire["flags"], wire["parameters"]
+            return HostRequest(
+                model_name=wire["model_name"], model_version=wire["model_version"],
+                id=wire["id"], inputs=views, outputs=[RequestedOutput(n) for n in wire["outputs"]],
+                parameters=json.loads(parameters) if parameters not in ("", "{}") else {},
+                sequence_id=wire["correlation_id"],
+                sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
+                timeout_us=wire["timeout"], held=self.held)
+
+        token = host_bls.HELD.set(self.held)
+        try:
+            started = python_bls.start(wire["model_name"], wire["model_version"], make_request,
+                                       decoupled)
+        except Exception as exc:  # noqa: BLE001 - the model waits for an answer: it gets one
+            started = python_bls._error_response(f"BLS request failed: {exc}")
+        finally:
+            host_bls.HELD.reset(token)
+        if not views:  # refused before the request was made: its input blocks are free now
+            self.to_free.extend(ref[2][1] for _, ref in inputs if ref[2][0] != "i")
+        if isinstance(started, pb_utils.InferenceResponse):  # refused: an error response
+            error = started.error()
+            why = ((_code_name(error.code()), error.message()) if error is not None
+                   else (Code.INTERNAL.name, "BLS request failed"))
+            self._send_call(("bls_resp", call_id, (None, why, []), True))
+            return
+        self.bls_calls[call_id] = started
+        try:
+            final = False
+            while not final:
+                response, final = started.responses.get()
+                wire_response = None
+                if response is not None:
+                    error = response.error
+                    outputs = []
+                    if error is None:
+                        for t in response.outputs:
+                            ref, _ = self.in_arena.write(t.datatype, _on_host(t.data))
+                            outputs.append((t.name, ref))
+                    wire_response = (response.parameters or None, None if error is None
+                                     else (error.code.name, error.message), outputs)
+                if not self._send_call(("bls_resp", call_id, wire_response, final)):
+                    started.request.cancel()  # the caller is gone
+                    return
+        finally:
+            self.bls_calls.pop(call_id, None)
+
+    def _run_control(self, call_id: int, op: str, args: tuple[Any, ...]) -> None:
+        if op not in ("model_ready", "load_model", "unload_model"):
+            answer: tuple[Any, ...] = ("error", "INVALID_ARG", f"unknown model control '{op}'")
+        else:
+            token = host_bls.HELD.set(self.held)
+            try:
+                answer = ("ok", getattr(host_bls, op)(*args))
+            except HostError as exc:
+                answer = ("error", exc.code.name, exc.message)
+            except Exception as exc:  # noqa: BLE001 - the model waits for an answer
+                answer = ("error", "INTERNAL", str(exc))
+            finally:
+                host_bls.HELD.reset(token)
+        self._send_call(("ctl_done", call_id, answer))
+
+    def _send_call(self, msg: tuple[Any, ...]) -> bool:
+        try:
+            self.channel.send(msg)
+            return True
+        except ChannelClosed:
+            return False
 
     def _died(self) -> None:
         """The socket closed: fail everything in flight, wake every waiting execute."""
@@ -281,6 +399,7 @@ class ProcessInstance(Instance):
                 affinity.pin()
             child_end.close()
         channel = Channel(host_end)
+        child = _Child(self, proc, channel, in_arena, out_arena, proc.pid)
         try:
             channel.send(("init", {
                 "in_arena": (in_arena.name, in_arena.size),
@@ -293,6 +412,9 @@ class ProcessInstance(Instance):
                 "log_level": logging.getLogger().getEffectiveLevel(),
             }))
             reply = channel.recv()  # the model's initialize may take long: no deadline
+            while reply[0] in _Child.CALL_KINDS:  # BLS or model control from its initialize
+                child.dispatch_call(reply, inline=True)
+                reply = channel.recv()
         except ChannelClosed:
             reply = ("init_error", "INTERNAL", f"Stub process '{self.name}' is not healthy.")
         finally:
@@ -314,7 +436,7 @@ class ProcessInstance(Instance):
             except KeyError:
                 code = Code.INTERNAL
             raise error_for(code, reply[2])
-        child = _Child(self, proc, channel, in_arena, out_arena, reply[1])
+        child.pid = reply[1]
         child.reader.start()
         log.info("python model '%s' instance '%s' runs in process %d", mspec.name, self.name, child.pid)
         return child
@@ -418,6 +540,7 @@ class ProcessInstance(Instance):
             for _, p in entries:
                 child._free_inputs(p)
             return self._unhealthy(requests)
+        child.held = host_bls.HELD.get()  # for the BLS calls this execute makes (deadlock rule)
         try:
             child.channel.send(("exec", batch_id, wire, child._take_frees()))
         except ChannelClosed:

@@ -21,8 +21,10 @@ either way.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
@@ -32,28 +34,149 @@ from typing import Any
 
 from host import bls as host_bls
 from host.backend import InstanceSpec, ModelSpec
+from host.backends.python import bls as python_bls
 from host.backends.python import pb_utils
 from host.backends.python.channel import Channel, ChannelClosed
 from host.backends.python.shm_arena import Arena
-from host.errors import HostError, UnavailableError
+from host.errors import Code, HostError, error_for
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 log = logging.getLogger("host.backends.python.stub")
 
-BLS_REFUSED = ("BLS is not available to a python model that runs in its own process "
-               "(EXECUTION_MODE 'process'): run this model in-process (EXECUTION_MODE 'thread')")
+class _RemoteQueue:
+    """A BLS call's responses in the stub. Waiting for one reads the control socket when no
+    other thread does (the main thread may be the one waiting, inside execute)."""
+
+    def __init__(self, stub: Stub) -> None:
+        self.stub = stub
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, item: tuple[Any, bool]) -> None:
+        self.items.put(item)
+
+    def get(self) -> tuple[Any, bool]:
+        stub = self.stub
+        while True:
+            try:
+                return self.items.get_nowait()
+            except queue.Empty:
+                pass
+            if stub.read_lock.acquire(blocking=False):
+                msg = None
+                try:
+                    # Nobody else reads while we hold the lock: an empty queue stays empty
+                    # until this thread reads the message that fills it.
+                    if self.items.empty():
+                        msg = stub.channel.recv()
+                        if stub._handle(msg):
+                            msg = None
+                except ChannelClosed:
+                    os._exit(0)
+                finally:
+                    stub.read_lock.release()
+                if msg is not None:
+                    if msg[0] == "exec" and threading.current_thread() is threading.main_thread():
+                        # The server runs a call back into this instance on it (the recursion
+                        # rule of host.bls): the caller waits in this call, so run it here.
+                        stub.execute(msg)
+                    else:
+                        stub.backlog.append(msg)
+            else:
+                try:  # another thread reads the socket: it hands our responses over
+                    return self.items.get(timeout=0.005)
+                except queue.Empty:
+                    pass
 
 
-def _refuse_bls(*args: Any, **kwargs: Any) -> Any:
-    raise pb_utils.TritonModelException(BLS_REFUSED)
+class _RemoteCall:
+    """A BLS call sent to the server; what `host.backends.python.bls` expects of a call."""
+
+    def __init__(self, stub: Stub, call_id: int) -> None:
+        self.responses = _RemoteQueue(stub)
+        self.request = self  # `.request.cancel()` stops the callee
+        self.stub, self.call_id = stub, call_id
+
+    def cancel(self) -> None:
+        self.stub.channel.send(("bls_cancel", self.call_id))
 
 
-def _no_server() -> Any:
-    raise UnavailableError(BLS_REFUSED)
+class _RemoteBLS:
+    """BLS and model control from a model in this stub: each call is a message to the server
+    process (host.backends.python.process runs it there and streams the responses back). Input
+    tensors go through this stub's output arena and response tensors come in its input arena,
+    so neither is copied through the socket."""
 
+    def __init__(self, stub: Stub) -> None:
+        self.stub = stub
+        self.ids = itertools.count(1)
+        self.calls: dict[int, _RemoteQueue] = {}
+        self.lock = threading.Lock()
 
-async def _refuse_bls_async(*args: Any, **kwargs: Any) -> Any:
-    raise pb_utils.TritonModelException(BLS_REFUSED)
+    def install(self) -> None:
+        python_bls.starter = self.start
+        host_bls.model_ready = lambda name, version=-1: self.control("model_ready", name, version)
+        host_bls.load_model = lambda name, config=None, files=None: self.control(
+            "load_model", name, config, files)
+        host_bls.unload_model = lambda name, unload_dependents=False: self.control(
+            "unload_model", name, unload_dependents)
+
+    def start(self, call: Any, decoupled: bool) -> _RemoteCall:
+        stub = self.stub
+        inputs = []
+        for t in call._inputs:
+            if not isinstance(t, pb_utils.Tensor):
+                raise pb_utils.TritonModelException(
+                    f"InferenceRequest inputs must be pb_utils.Tensor objects, found type {type(t)}")
+            data = t._array if t._datatype != "BYTES" else pb_utils._as_bytes_object_array(t._array)
+            ref, _ = stub.out_arena.write(t._datatype, data)  # given back by the server's "free"
+            inputs.append((t._name, ref))
+        call_id = next(self.ids)
+        remote = _RemoteCall(stub, call_id)
+        with self.lock:
+            self.calls[call_id] = remote.responses
+        stub.send(("bls", call_id, {
+            "model_name": call._model_name, "model_version": int(call._model_version),
+            "id": call._request_id, "inputs": inputs,
+            "outputs": list(call._requested_output_names), "parameters": call._parameters,
+            "correlation_id": call._correlation_id, "flags": int(call._flags),
+            "timeout": int(call._timeout)}, decoupled))
+        return remote
+
+    def deliver(self, call_id: int, wire: tuple[Any, ...] | None, final: bool) -> None:
+        """A response of call `call_id` (from `_handle`, on whichever thread reads)."""
+        with self.lock:
+            responses = self.calls.pop(call_id, None) if final else self.calls.get(call_id)
+        if responses is None:
+            return
+        response = None
+        if wire is not None:
+            parameters, error, outputs = wire
+            response = InferenceResponse(parameters=parameters or {})
+            if error is not None:
+                response.error = error_for(Code[error[0]], error[1])
+            arena, release = self.stub.in_arena, self.stub.in_frees.append
+            for name, ref in outputs:
+                response.outputs.append(Tensor(name=name, datatype=ref[0], shape=list(ref[1]),
+                                               data=arena.view(ref, release)))
+        responses.put((response, final))
+
+    def control(self, op: str, *args: Any) -> Any:
+        """Model control on the server (is_model_ready, load_model, unload_model)."""
+        call_id = next(self.ids)
+        responses = _RemoteQueue(self.stub)
+        with self.lock:
+            self.calls[call_id] = responses
+        self.stub.send(("ctl", call_id, op, args))
+        answer, _ = responses.get()
+        if answer[0] == "error":
+            raise error_for(Code[answer[1]], answer[2])
+        return answer[1]
+
+    def answered(self, call_id: int, answer: tuple[Any, ...]) -> None:
+        with self.lock:
+            responses = self.calls.pop(call_id, None)
+        if responses is not None:
+            responses.put((answer, True))
 
 
 class _StateOutputs:
@@ -104,6 +227,9 @@ class Stub:
         self.live_lock = threading.Lock()
         self.read_lock = threading.Lock()
         self.backlog: collections.deque[tuple[Any, ...]] = collections.deque()
+        # input-arena blocks of BLS responses no longer viewed, for the server to take back
+        self.in_frees: collections.deque[int] = collections.deque()
+        self.remote = _RemoteBLS(self)
 
     # --- receiving ---
     # The main thread reads the socket while it waits for work (no thread hand-off per request).
@@ -122,9 +248,22 @@ class Stub:
                     request = self.live.get(key)
                     if request is not None:
                         request.cancel()
+        elif kind == "bls_resp":
+            self.remote.deliver(msg[1], msg[2], msg[3])
+        elif kind == "ctl_done":
+            self.remote.answered(msg[1], msg[2])
         else:
             return False
         return True
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        """Send `msg`, after the input-arena blocks of BLS responses the model let go of."""
+        if self.in_frees:
+            frees = []
+            while self.in_frees:
+                frees.append(self.in_frees.popleft())
+            self.channel.send(("free_in", frees))
+        self.channel.send(msg)
 
     def _next_work(self) -> tuple[Any, ...]:
         while True:
@@ -157,18 +296,22 @@ class Stub:
                 self.instance.finalize()
                 self.channel.send(("fini_done",))
                 return
-            _, batch_id, wire_requests, frees = msg
-            for offset in frees:
-                self.out_arena.free(offset)
-            requests = [self._request(w) for w in wire_requests]  # _StubRequest each
-            result = self.instance.execute(requests)  # SystemExit ends the process: intended
-            encoded = None
-            if result is not None:
-                encoded = [self._encode(r) for r in result]
-                with self.live_lock:
-                    for r in requests:
-                        self.live.pop(r.key, None)
-            self.channel.send(("done", batch_id, encoded))
+            self.execute(msg)
+
+    def execute(self, msg: tuple[Any, ...]) -> None:
+        """Run one "exec" message: the batch's requests, then "done"."""
+        _, batch_id, wire_requests, frees = msg
+        for offset in frees:
+            self.out_arena.free(offset)
+        requests = [self._request(w) for w in wire_requests]  # _StubRequest each
+        result = self.instance.execute(requests)  # SystemExit ends the process: intended
+        encoded = None
+        if result is not None:
+            encoded = [self._encode(r) for r in result]
+            with self.live_lock:
+                for r in requests:
+                    self.live.pop(r.key, None)
+        self.send(("done", batch_id, encoded))
 
     def _request(self, w: dict[str, Any]) -> _StubRequest:
         key = w["key"]
@@ -184,15 +327,15 @@ class Stub:
         request.key, request.drain = key, self._drain
         if w["states"]:  # the state outputs the model produces: kept, not pruned (host.sequence)
             request.sequence_states = _StateOutputs(frozenset(w["states"]))
-        channel, encode, live, lock, drain = (self.channel, self._encode, self.live,
-                                              self.live_lock, self._drain)
+        send, encode, live, lock, drain = (self.send, self._encode, self.live,
+                                           self.live_lock, self._drain)
 
         def callback(response: InferenceResponse | None, final: bool) -> None:
             drain()  # take back output blocks before writing more
             if final:
                 with lock:
                     live.pop(key, None)
-            channel.send(("resp", key, None if response is None else encode(response), final))
+            send(("resp", key, None if response is None else encode(response), final))
 
         request.callback = callback
         with lock:
@@ -228,12 +371,10 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=init.get("log_level", logging.INFO), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [stub {init['instance']['name']} "
                                "pid %(process)d] %(name)s: %(message)s")
-    # No server in this process: BLS and model control from the model are refused clearly.
-    host_bls.server = _no_server
-    pb_utils.InferenceRequest.exec = _refuse_bls  # type: ignore[method-assign]
-    pb_utils.InferenceRequest.async_exec = _refuse_bls_async  # type: ignore[method-assign]
     try:
         stub = Stub(channel, init)
+        # No server in this process: BLS calls and model control go to the server's.
+        stub.remote.install()
         stub.instance.initialize()
     except HostError as exc:
         channel.send(("init_error", exc.code.name, exc.message))
