@@ -8,6 +8,7 @@ import os
 import queue
 import re
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -255,6 +256,31 @@ class TritonPythonModel:
         return None
 '''
 
+METRICS_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily("proc_requests", "requests seen in a stub",
+                                            pb_utils.MetricFamily.COUNTER)
+        self.counter = self.family.Metric(labels={"model": "proc_metrics"})
+        sizes = pb_utils.MetricFamily("proc_sizes", "sizes seen", pb_utils.MetricFamily.HISTOGRAM)
+        self.sizes = sizes.Metric(labels={"model": "proc_metrics"}, buckets=[1.0, 10.0])
+        self.sizes_family = sizes
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            self.counter.increment(1)
+            self.sizes.observe(x)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", np.array([int(self.counter.value())], np.int32)),
+                pb_utils.Tensor("MSG", np.array([b""], np.object_))]))
+        return responses
+'''
+
 BLS_ASYNC_MODEL = '''
 import asyncio
 import numpy as np
@@ -396,6 +422,8 @@ MODELS = {
     "callee_add": (CALLEE_ADD_CONFIG, CALLEE_ADD),
     "callee_stream": (CALLEE_STREAM_CONFIG, CALLEE_STREAM),
     "callee_slow": (CALLEE_STREAM_CONFIG, CALLEE_SLOW),
+    "proc_metrics": (BLS_CALLER_CONFIG + 'instance_group [ { count: 2 kind: KIND_CPU } ]\n',
+                     METRICS_MODEL),
 }
 
 
@@ -600,6 +628,53 @@ def test_bls_from_a_stub_reaches_the_server(server):
     # The callee counted the calls as requests of its own (they went through the server).
     stats = client.get_inference_statistics("callee_add")["model_stats"][0]
     assert stats["inference_count"] == 1 + 1 + 300 + 3 + 1  # x = 0, 4, 6, async, x = 8
+
+
+def test_custom_metrics_of_stubs_are_exported(server):
+    client = httpclient.InferenceServerClient(server.url)
+    # Two instances (two stubs), the same family and labels: one counter, as in Triton.
+    values = [_bls_infer(client, "proc_metrics", v)[0] for v in (0, 5, 50, 5)]
+    assert all(v >= 1 for v in values)
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    assert "# HELP proc_requests requests seen in a stub" in text
+    lines = text.splitlines()
+    assert 'proc_requests{model="proc_metrics"} 4' in lines
+    assert 'proc_sizes_count{model="proc_metrics"} 4' in lines
+    assert 'proc_sizes_sum{model="proc_metrics"} 60' in lines
+    assert 'proc_sizes_bucket{model="proc_metrics",le="1"} 1' in lines  # x = 0
+    assert 'proc_sizes_bucket{model="proc_metrics",le="10"} 3' in lines  # 0, 5, 5
+    assert 'proc_sizes_bucket{model="proc_metrics",le="+Inf"} 4' in lines
+
+
+class _Source:
+    def __init__(self, families):
+        self.families = families
+
+    def metric_families(self):
+        return self.families
+
+
+def test_stub_metrics_merge_as_one_registry():
+    from host.backends.python import custom_metrics, pb_utils  # noqa: F401 - the registry's module
+
+    hist = ("h", "sizes", 2, [({"m": "a"}, (2, 6.0, [1.0], [1, 1]))])
+    a = _Source([("c", "count", 0, [({"m": "a"}, (3.0, 0.0, None, None))]),
+                 ("g", "gauge", 1, [({"m": "a"}, (7.0, 0.0, None, None))]), hist])
+    b = _Source([("c", "count", 0, [({"m": "a"}, (4.0, 0.0, None, None)),
+                                    ({"m": "b"}, (1.0, 0.0, None, None))]),
+                 ("g", "gauge", 1, [({"m": "a"}, (9.0, 0.0, None, None))]), hist])
+    custom_metrics.sources.add(a)
+    custom_metrics.sources.add(b)
+    try:
+        merged = {name: (kind, {tuple(sorted(l.items())): v for l, v in cells})
+                  for name, _, kind, cells in custom_metrics._merged()}
+    finally:
+        custom_metrics.sources.discard(a)
+        custom_metrics.sources.discard(b)
+    assert merged["c"][1][(("m", "a"),)][0] == 7.0  # counters add up
+    assert merged["c"][1][(("m", "b"),)][0] == 1.0
+    assert merged["g"][1][(("m", "a"),)][0] in (7.0, 9.0)  # a gauge: one source's value
+    assert merged["h"][1][(("m", "a"),)] == (4, 12.0, [1.0], [2, 2])  # histograms add up
 
 
 def test_implicit_state_of_a_sequence_crosses_the_stub(server):

@@ -13,10 +13,11 @@ Differences from Triton (all documented in the backend's module docstring):
 - Tensors always live in CPU memory. `from_dlpack` of a GPU tensor copies it to the host when the
   object has a `.cpu()` method (torch), and raises otherwise.
 - BLS (`InferenceRequest(...).exec()` / `async_exec()`) and model control (`load_model`,
-  `unload_model`, `is_model_ready`) go to the host in this process (`host.backends.python.bls`);
+  `unload_model`, `is_model_ready`) go to the host in this process (`host.backends.python.bls`),
+  or from a process-mode stub to the server's;
   BLS responses carry the callee's `parameters()` (newer Tritons do too).
 - Custom metrics (`MetricFamily`) are exported on /metrics as Triton's
-  (host.backends.python.custom_metrics), except from a process-mode instance.
+  (host.backends.python.custom_metrics), a process-mode instance's too.
 - `as_numpy()` of a request input (or BLS output) is writable as in Triton: a read-only view of
   the request's bytes is copied once, on first use.
 """

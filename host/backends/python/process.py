@@ -41,7 +41,7 @@ from host import affinity
 from host import bls as host_bls
 from host.backend import Instance, InstanceSpec
 from host.backends.python import bls as python_bls
-from host.backends.python import pb_utils, settings
+from host.backends.python import custom_metrics, pb_utils, settings
 from host.backends.python.backend import _on_host
 from host.backends.python.envs import Environment
 from host.backends.python.channel import Channel, ChannelClosed
@@ -109,6 +109,8 @@ class _Child:
         self.to_free: collections.deque[int] = collections.deque()  # output blocks to give back
         self.held: tuple[Any, ...] = ()  # the instances the caller of the current execute holds
         self.bls_calls: dict[int, Any] = {}  # the child's BLS calls in flight, by its id
+        self.metrics: list[Any] = []  # its custom metrics (pb_utils._custom_metric_families)
+        custom_metrics.sources.add(self)
         self.dead = False
         self.finishing = False
         self.fini_done = threading.Event()
@@ -184,7 +186,7 @@ class _Child:
 
     # --- BLS and model control from the child (host.backends.python.stub._RemoteBLS) ---
 
-    CALL_KINDS = frozenset({"bls", "bls_cancel", "ctl", "free_in"})
+    CALL_KINDS = frozenset({"bls", "bls_cancel", "ctl", "free_in", "metrics"})
 
     def dispatch_call(self, msg: tuple[Any, ...], inline: bool = False) -> None:
         """A call from the model. It runs on a pool thread (the callee may run on the submitting
@@ -192,7 +194,9 @@ class _Child:
         child's initialize, on the thread that loads the model, which holds the repository
         lock that a model control call needs."""
         kind = msg[0]
-        if kind == "free_in":
+        if kind == "metrics":  # the model's custom metrics, exported with the server's
+            self.metrics = msg[1]
+        elif kind == "free_in":
             for offset in msg[1]:
                 self.in_arena.free(offset)
         elif kind == "bls_cancel":
@@ -284,8 +288,12 @@ class _Child:
         except ChannelClosed:
             return False
 
+    def metric_families(self) -> list[Any]:
+        return self.metrics
+
     def _died(self) -> None:
         """The socket closed: fail everything in flight, wake every waiting execute."""
+        custom_metrics.sources.discard(self)  # its metrics go with it, as a stub's in Triton
         with self.lock:
             self.dead = True
             pending = list(self.pending.values())

@@ -230,6 +230,7 @@ class Stub:
         # input-arena blocks of BLS responses no longer viewed, for the server to take back
         self.in_frees: collections.deque[int] = collections.deque()
         self.remote = _RemoteBLS(self)
+        self.metrics_sent: list[Any] = []  # the custom metrics as the server last heard them
 
     # --- receiving ---
     # The main thread reads the socket while it waits for work (no thread hand-off per request).
@@ -257,7 +258,14 @@ class Stub:
         return True
 
     def send(self, msg: tuple[Any, ...]) -> None:
-        """Send `msg`, after the input-arena blocks of BLS responses the model let go of."""
+        """Send `msg`, after the input-arena blocks of BLS responses the model let go of and
+        the model's custom metrics when they changed (so a client that has its response sees
+        them on /metrics)."""
+        if pb_utils._FAMILIES:
+            metrics = pb_utils._custom_metric_families()
+            if metrics != self.metrics_sent:
+                self.channel.send(("metrics", metrics))
+                self.metrics_sent = metrics
         if self.in_frees:
             frees = []
             while self.in_frees:
@@ -382,7 +390,7 @@ def main(argv: list[str]) -> None:
     except BaseException as exc:  # noqa: BLE001 - SystemExit in initialize too: the host must hear why
         channel.send(("init_error", "INTERNAL", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
-    channel.send(("ready", os.getpid()))
+    stub.send(("ready", os.getpid()))
     try:
         stub.serve()
     except SystemExit as exc:
