@@ -281,6 +281,27 @@ class TritonPythonModel:
         return responses
 '''
 
+# Records every process that imports it: the server must never be one of them.
+IMPORTS_MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+with open(os.path.join(os.path.dirname(__file__), "imported_by.txt"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "X", "data_type": "TYPE_INT32", "dims": [1]})
+        config.add_output({"name": "Y", "data_type": "TYPE_INT32", "dims": [1]})
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([os.getpid()], np.int32))])
+                for _ in requests]
+'''
+
 BLS_ASYNC_MODEL = '''
 import asyncio
 import numpy as np
@@ -424,6 +445,7 @@ MODELS = {
     "callee_slow": (CALLEE_STREAM_CONFIG, CALLEE_SLOW),
     "proc_metrics": (BLS_CALLER_CONFIG + 'instance_group [ { count: 2 kind: KIND_CPU } ]\n',
                      METRICS_MODEL),
+    "proc_imports": ("max_batch_size: 0\n" + PROCESS, IMPORTS_MODEL),
 }
 
 
@@ -644,6 +666,23 @@ def test_custom_metrics_of_stubs_are_exported(server):
     assert 'proc_sizes_bucket{model="proc_metrics",le="1"} 1' in lines  # x = 0
     assert 'proc_sizes_bucket{model="proc_metrics",le="10"} 3' in lines  # 0, 5, 5
     assert 'proc_sizes_bucket{model="proc_metrics",le="+Inf"} 4' in lines
+
+
+def test_the_server_never_imports_a_process_mode_model(server):
+    client = httpclient.InferenceServerClient(server.url)
+    # auto_complete_config filled the inputs and outputs: it ran, in a child of its own.
+    config = client.get_model_config("proc_imports")
+    assert [i["name"] for i in config["input"]] == ["X"]
+    x = httpclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([0], dtype=np.int32))
+    stub = int(client.infer("proc_imports", [x]).as_numpy("Y")[0])
+    importers = [int(line) for line in
+                 (Path(server.model_repository) / "proc_imports" / "1" / "imported_by.txt")
+                 .read_text().split()]
+    assert stub in importers and len(importers) == 2  # the auto-complete child and the stub
+    workers = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+               and _parent(int(p.name)) == server.pid}
+    assert server.pid not in importers and not workers & set(importers)
 
 
 class _Source:

@@ -464,8 +464,8 @@ def model_environment(spec: ModelSpec, backend_model: Path | None) -> envs.Envir
     return envs.locate(path)
 
 
-def _auto_complete_in(env: envs.Environment, spec: ModelSpec, backend_model: Path | None) -> Any:
-    """`auto_complete` run by a one-shot child in the model's environment."""
+def _auto_complete_in(env: envs.Environment | None, spec: ModelSpec) -> Any:
+    """`auto_complete` run by a one-shot child (in the model's environment, if it has one)."""
     import pickle
 
     from host.proto import model_config_pb2
@@ -477,6 +477,9 @@ def _auto_complete_in(env: envs.Environment, spec: ModelSpec, backend_model: Pat
         done = envs.run_child(env, "host.backends.python.env_child", payload)
     except OSError as exc:
         raise InternalError(f"model '{spec.name}': cannot start its auto-complete process: {exc}") from None
+    if done.stderr and done.returncode == 0:
+        sys.stderr.buffer.write(done.stderr)  # what the model printed, in the server's log
+        sys.stderr.flush()
     try:
         answer = pickle.loads(done.stdout) if done.returncode == 0 else None
     except Exception:  # noqa: BLE001 - whatever the child printed, it is not an answer
@@ -512,8 +515,12 @@ class PythonBackend(Backend):
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
         env = model_environment(spec, self.backend_model)
-        if env is not None:  # the model imports what only its environment has: ask it there
-            spec.config.CopyFrom(_auto_complete_in(env, spec, self.backend_model))
+        if env is not None or (self.backend_model is None and settings.execution_mode(
+                spec, self.config) == "process"):
+            # The model runs in a process of its own: so does its auto-complete (as in Triton's
+            # stub), so that the server never imports the model's file (nor what it imports);
+            # in its execution environment if it has one (it may import what only that has).
+            spec.config.CopyFrom(_auto_complete_in(env, spec))
             return
         completed = auto_complete(spec, self.backend_model)
         if completed is not None:

@@ -101,11 +101,13 @@ class Environment:
         return [sys.executable, "-c", boot, *args]
 
 
-def run_child(env: Environment, module: str, payload: bytes, timeout: float | None = None
+def run_child(env: Environment | None, module: str, payload: bytes, timeout: float | None = None
               ) -> subprocess.CompletedProcess:
-    """Run `module` once in `env`, `payload` on its standard input; its output is returned."""
-    return subprocess.run(env.command(module), input=payload, capture_output=True,
-                          env=env.variables(), timeout=timeout, check=False)
+    """Run `module` once in `env` (None: this server's own packages), `payload` on its standard
+    input; its output is returned."""
+    command = [sys.executable, "-m", module] if env is None else env.command(module)
+    return subprocess.run(command, input=payload, capture_output=True,
+                          env=None if env is None else env.variables(), timeout=timeout, check=False)
 
 
 class _Registry:
