@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from host import __version__, affinity, cli_triton, logsettings, settings
+from host import __version__, affinity, cli_triton, logsettings, settings, storage
 from host.options import CONTROL_MODES, ServerOptions
 
 
@@ -229,8 +229,9 @@ def _serve_parser(sub) -> None:
     # a MODELHOST_* variable, derived from its name.
     p.add_argument(settings.CONFIG_FLAG, metavar="FILE", default=None,
                    help="read settings from a TOML or YAML file (also MODELHOST_CONFIG_FILE)")
-    p.add_argument("--model-repository", "--model-store", action="append", type=Path, dest="repos",
-                   metavar="DIR", help="model repository root (repeatable; default ./model_repository)")
+    p.add_argument("--model-repository", "--model-store", action="append", type=storage.repository_arg,
+                   dest="repos", metavar="DIR", help="model repository root: a folder, or s3://[host:port/]"
+                   "bucket[/path] (repeatable; default ./model_repository)")
     p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none", type=str.lower,
                    help="none: load every model at start; explicit: load what --load-model and the "
                         "repository API ask for; poll: also follow changes of the repository "

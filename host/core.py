@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from host import __version__, affinity, bls, datatypes, devices, headers, logsettings, overrides, shm, validation
+from host import (__version__, affinity, bls, datatypes, devices, headers, logsettings, overrides, shm, storage,
+                  validation)
 from host import config as config_mod
 from host.backends_pool import BackendPool
 from host.cache.service import CacheService, load_response_cache
@@ -67,7 +68,10 @@ class Host:
         opts = self.options
         self.ensembles = EnsembleRuntime(self)  # ensemble steps: requests the host sends itself
         manager_type = NamespacedModelManager if opts.model_namespacing else ModelManager
-        self.manager = manager_type(opts.model_repositories, self.backends,
+        # Cloud repositories are served from local copies (host.storage), made here, filled by
+        # the manager's first scan.
+        self.repositories = storage.Repositories(opts.model_repositories)
+        self.manager = manager_type(self.repositories.roots, self.backends,
                                     opts.model_control_mode, self._on_model_state,
                                     auto_complete=not (opts.disable_auto_complete_config
                                                        or opts.strict_model_config),
@@ -75,7 +79,8 @@ class Host:
                                     load_threads=opts.model_load_thread_count,
                                     ensembles=self.ensembles,
                                     unload_wait=opts.exit_timeout_secs,
-                                    load_retries=opts.model_load_retry_count)
+                                    load_retries=opts.model_load_retry_count,
+                                    storage=self.repositories)
         self.latency_config = parse_metrics_config(self.options.metrics_config)
         if self.latency_config.any:
             self.manager.latency_config = self.latency_config
@@ -106,10 +111,26 @@ class Host:
 
         With `exit_on_error`, any load error is raised instead (after unloading what loaded).
         """
+        try:
+            return self._start()
+        except BaseException:
+            self.repositories.close()  # a worker that fails to start exits without stop()
+            raise
+
+    def _start(self) -> dict[str, str]:
         opts = self.options
         bls.attach(self)  # models' own requests (BLS) come here
-        missing = [root for root in opts.model_repositories if not Path(root).is_dir()]
-        if missing and opts.serve_without_repository:
+        missing = [root for root in opts.model_repositories
+                   if not storage.is_remote(root) and not Path(root).is_dir()]
+        unreadable = False
+        try:
+            self.repositories.sync()  # a cloud repository that cannot be read stops the start
+        except HostError as exc:
+            if not opts.serve_without_repository:
+                raise
+            log.error("%s", exc)
+            unreadable = True
+        if (missing or unreadable) and opts.serve_without_repository:
             # Triton with --exit-on-error=false: the server failed to initialize but keeps its
             # endpoints up, not live and not ready, and loads no model.
             for root in missing:
@@ -157,6 +178,7 @@ class Host:
         if self.cache is not None:
             self.cache.close()
         self.tracer.close()  # after the last request: its traces are written or exported
+        self.repositories.close()  # the local copies of cloud repositories
         self.plugins.manager.hook.modelhost_shutdown(host=self)
         return True
 

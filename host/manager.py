@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from host import config as config_mod
 from host import affinity, overrides, paths, repository, supervise
@@ -31,6 +31,9 @@ from host.latency import LatencyConfig, LatencyRecorder, for_model
 from host.model import READY, UNAVAILABLE, ModelVersion
 from host.proto import model_config_pb2
 from host.rate_limiter import RateLimiter
+
+if TYPE_CHECKING:
+    from host.storage import Repositories
 
 log = logging.getLogger(__name__)
 # Verbose level 2 (host.logsettings): Triton's traces of its model lifecycle, which its QA greps.
@@ -91,8 +94,12 @@ class ModelManager:
                  on_state: StateListener | None = None, *, auto_complete: bool = True,
                  config_name: str = "", load_threads: int = 1,
                  ensembles: StepRunner | None = None, unload_wait: float = 30.0,
-                 load_retries: int = 0) -> None:
+                 load_retries: int = 0, storage: Repositories | None = None) -> None:
         self.roots = [Path(r) for r in roots]
+        # Cloud repositories (host.storage): `roots` holds their local copies, which `_sync`
+        # brings up to date before each scan; messages name them by the path the user gave.
+        self.storage = storage
+        self.labels: dict[Path, str] = storage.labels if storage is not None else {}
         # Repositories registered while serving (SageMaker's multi-model endpoint), each with
         # its subfolder -> model name mapping (Triton's RegisterModelRepository).
         self.mappings: dict[Path, dict[str, str]] = {}
@@ -228,10 +235,17 @@ class ModelManager:
 
     def _scan(self) -> tuple[dict[str, repository.ModelLocation], dict[str, str]]:
         """The models on disk by key (their name; host.namespacing keys them by repository too)."""
-        return repository.scan(self.roots, self.mappings)
+        return repository.scan(self.roots, self.mappings, self.labels)
+
+    def _sync(self) -> None:
+        """Bring the local copies of cloud repositories up to date (host.storage); HostError
+        when one cannot be read."""
+        if self.storage is not None and not getattr(self._local, "synced", False):
+            self.storage.sync()
 
     def _refresh_locations(self) -> dict[str, str]:
         """Learn models added to the repository (the index lists them even when not loaded)."""
+        self._sync()
         locations, errors = self._scan()
         self._duplicated = errors
         for name, loc in locations.items():
@@ -634,6 +648,9 @@ class ModelManager:
         entry.versions = new
         self._replaced.extend(self._unload_version(mv) for version, mv in old_versions.items()
                               if new.get(version) is not mv)
+        for version in old_versions:  # dropped by the version policy: Triton lists it so
+            if version not in new:
+                entry.failed[version] = "unloaded"
 
     @staticmethod
     def _unchanged_key(entry: ModelEntry, base: model_config_pb2.ModelConfig,
@@ -842,6 +859,19 @@ class ModelManager:
     def poll(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
         with self._locked():
+            try:
+                self._sync()
+            except HostError as exc:  # a repository that cannot be read now unloads nothing
+                log.error("poll: %s", exc)
+                return
+            self._local.synced = True  # the loads below use this sync's copies
+            try:
+                self._poll_synced()
+            finally:
+                self._local.synced = False
+
+    def _poll_synced(self) -> None:
+        with self._lock:
             locations, duplicated = self._scan()
             self._duplicated = duplicated
             for name, error in duplicated.items():  # as Triton: served from neither repository

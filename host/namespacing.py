@@ -55,10 +55,10 @@ class NamespacedModelManager(ModelManager):
     def _namespaces(self) -> list[str]:
         """Override files' namespace, then each repository's: those given at start and those
         registered since (SageMaker's multi-model endpoint, `register_repository`)."""
-        return [OVERRIDE_NAMESPACE] + [str(r) for r in self.roots]
+        return [OVERRIDE_NAMESPACE] + [repository.label(r, self.labels) for r in self.roots]
 
     def _scan(self) -> tuple[dict[str, repository.ModelLocation], dict[str, str]]:
-        return repository.scan_namespaced(self.roots, self.mappings)
+        return repository.scan_namespaced(self.roots, self.mappings, self.labels)
 
     # --- finding a model by name -----------------------------------------------------------------
     def _in_global_map(self, entry: ModelEntry) -> bool:

@@ -14,7 +14,8 @@ CONTROL_MODES = ("none", "explicit", "poll")
 
 @dataclass
 class ServerOptions:
-    model_repositories: list[Path] = field(default_factory=lambda: [Path("model_repository")])
+    # local folders, and cloud repositories as the path text (host.storage: s3://...)
+    model_repositories: list[Path | str] = field(default_factory=lambda: [Path("model_repository")])
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)  # explicit mode; "*" loads all
     repository_poll_secs: float = 15.0

@@ -68,45 +68,54 @@ class ModelKey(str):
         return f"ModelKey({str(self)!r}, {self.namespace!r})"
 
 
-def scan_namespaced(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None
+def scan_namespaced(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None,
+                    labels: Mapping[Path, str] | None = None
                     ) -> tuple[dict[str, ModelLocation], dict[str, str]]:
     """Every model folder under `roots`, keyed by (repository, name): a name may be in several.
-    `mappings` as for `scan`."""
+    `mappings` and `labels` as for `scan`."""
     found: dict[str, ModelLocation] = {}
     for root in roots:
-        for name, path in _model_folders(root, mappings):
-            key = ModelKey(name, str(root))
+        for name, path in _model_folders(root, mappings, labels):
+            key = ModelKey(name, label(root, labels))
             found[key] = ModelLocation(key, Path(root), path)
     return found, {}
 
 
-def _model_folders(root: Path, mappings: Mapping[Path, Mapping[str, str]] | None
-                   ) -> list[tuple[str, Path]]:
+def label(root: Path, labels: Mapping[Path, str] | None) -> str:
+    """How a repository is named in messages and namespaces: a cloud repository's local copy
+    (host.storage) by the path the user gave, a local one by its own."""
+    return labels.get(Path(root), str(root)) if labels else str(root)
+
+
+def _model_folders(root: Path, mappings: Mapping[Path, Mapping[str, str]] | None,
+                   labels: Mapping[Path, str] | None = None) -> list[tuple[str, Path]]:
     """(served name, folder) of each model folder of a repository, by folder name."""
     mapping = mappings.get(Path(root), {}) if mappings else {}
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as exc:
-        raise NotFoundError(f"failed to open model repository '{root}': {exc.strerror}") from None
+        raise NotFoundError(f"failed to open model repository '{label(root, labels)}': "
+                            f"{exc.strerror}") from None
     return [(mapping.get(e.name, e.name), Path(e.path)) for e in entries
             if e.is_dir() and not e.name.startswith(".")]
 
 
-def scan(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None
-         ) -> tuple[dict[str, ModelLocation], dict[str, str]]:
+def scan(roots: Sequence[Path], mappings: Mapping[Path, Mapping[str, str]] | None = None,
+         labels: Mapping[Path, str] | None = None) -> tuple[dict[str, ModelLocation], dict[str, str]]:
     """Every model folder under `roots`; a name found in two roots is an error for that model.
     `mappings`: for a root registered with a mapping (Triton's RegisterModelRepository, used by
     SageMaker's multi-model endpoint), subfolder name -> the name its model is served under.
+    `labels`: how messages name a root (`label`).
 
     Returns (locations, errors by model name).
     """
     found: dict[str, ModelLocation] = {}
     errors: dict[str, str] = {}
     for root in roots:
-        for name, path in _model_folders(root, mappings):
+        for name, path in _model_folders(root, mappings, labels):
             if name in found:
                 errors[name] = (f"model '{name}' exists in multiple model repositories: "
-                                f"'{found[name].root}' and '{root}'")
+                                f"'{label(found[name].root, labels)}' and '{label(root, labels)}'")
                 continue
             found[name] = ModelLocation(name, Path(root), path)
     return found, errors

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from host import storage
 from host.errors import HostError
 
 if TYPE_CHECKING:
@@ -58,6 +59,12 @@ def endpoints(options: ServerOptions) -> list[tuple[str, str, int, str]]:
 def preflight(options: ServerOptions) -> None:
     """What the master can check before the fork; raises StartupError."""
     for root in [] if options.serve_without_repository else options.model_repositories:
+        if storage.is_remote(root):  # reachable, its bucket and path there
+            try:
+                storage.check(str(root))
+            except HostError as exc:
+                raise StartupError(exc.message) from None
+            continue
         path = Path(root)
         if not path.exists():
             raise StartupError(

@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import atexit
 import os
-from pathlib import Path
 from typing import Any
 
 
 def create(model_repository: str | None = None, model_control_mode: str | None = None) -> Any:
     """The falcon WSGI app serving a freshly started Host; the Host stops at interpreter exit."""
-    from host import cli
+    from host import cli, storage
     from host.core import Host
     from host.http.app import create_app
 
     options = cli.options_from_args(cli.parse_serve_args(cli.build_parser(), [], os.environ))
     if model_repository:
-        options.model_repositories = [Path(r) for r in model_repository.split(os.pathsep) if r]
+        options.model_repositories = [storage.parse_root(r) for r in model_repository.split(os.pathsep) if r]
     if model_control_mode:
         options.model_control_mode = model_control_mode
     host = Host(options)
