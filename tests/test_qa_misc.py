@@ -278,14 +278,17 @@ def test_sequence_batcher_pending_request_count(server):
         if len(results) == 4:
             done.set()
 
+    # On one stream: separate unary calls have no order on the server (HTTP/2 streams), and a
+    # sequence's END must not overtake its START.
+    client.start_stream(callback=callback)
     try:
         x = np.ones((1, 1), dtype=np.float32)
         inputs = [grpcclient.InferInput("INPUT0", [1, 1], "FP32")]
         inputs[0].set_data_from_numpy(x)
         assert _pending(server, "gated") == 0
         for n in range(4):  # two sequences, two requests each; the first execute blocks
-            client.async_infer("gated", inputs, callback, sequence_id=1 + n % 2,
-                               sequence_start=n < 2, sequence_end=n >= 2)
+            client.async_stream_infer("gated", inputs, sequence_id=1 + n % 2,
+                                      sequence_start=n < 2, sequence_end=n >= 2)
         # one request executes (one slot), one waits in its sequence, two in the backlog
         wait_until(lambda: _pending(server, "gated") == 3, timeout=30, interval=0.05,
                    message="the queued sequence requests were not counted")
@@ -295,6 +298,7 @@ def test_sequence_batcher_pending_request_count(server):
         wait_until(lambda: _pending(server, "gated") == 0, timeout=30, interval=0.05,
                    message="the pending count did not drop back to 0")
     finally:
+        client.stop_stream()
         client.close()
 
 
