@@ -302,6 +302,32 @@ class TritonPythonModel:
                 for _ in requests]
 '''
 
+# Decoupled: each request is answered by a thread of its own, which makes BLS calls first,
+# while the stub's main thread goes back to reading the socket for the next requests.
+BLS_THREADED_MODEL = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self._answer, args=(request,)).start()
+        return None
+
+    def _answer(self, request):
+        sender = request.get_response_sender()
+        total = 0
+        for i in range(5):
+            r = pb_utils.InferenceRequest(model_name="callee_add", requested_output_names=["OUT"],
+                                          inputs=[pb_utils.Tensor("IN", np.array([i], np.int32))]).exec()
+            total += int(r.output_tensors()[0].as_numpy()[0])
+        sender.send(pb_utils.InferenceResponse([
+            pb_utils.Tensor("Y", np.array([total], np.int32)),
+            pb_utils.Tensor("MSG", np.array([b"threaded"], np.object_))]),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
 BLS_ASYNC_MODEL = '''
 import asyncio
 import numpy as np
@@ -446,6 +472,8 @@ MODELS = {
     "proc_metrics": (BLS_CALLER_CONFIG + 'instance_group [ { count: 2 kind: KIND_CPU } ]\n',
                      METRICS_MODEL),
     "proc_imports": ("max_batch_size: 0\n" + PROCESS, IMPORTS_MODEL),
+    "proc_bls_threaded": (BLS_CALLER_CONFIG + "model_transaction_policy { decoupled: true }\n",
+                          BLS_THREADED_MODEL),
 }
 
 
@@ -633,8 +661,13 @@ def _bls_infer(client, model: str, value: int) -> tuple[int, str]:
     return int(result.as_numpy("Y")[0]), result.as_numpy("MSG")[0].decode()
 
 
+def _count(client, model: str) -> int:
+    return client.get_inference_statistics(model)["model_stats"][0]["inference_count"]
+
+
 def test_bls_from_a_stub_reaches_the_server(server):
     client = httpclient.InferenceServerClient(server.url)
+    before = _count(client, "callee_add")
     assert _bls_infer(client, "proc_bls", 0) == (15, "callee")  # (0..4 + 1), BYTES output too
     assert _bls_infer(client, "proc_bls", 1) == (1, "")  # ready; an unknown model is not
     assert _bls_infer(client, "proc_bls", 2) == (6, "5")  # 0+1+2+3 in 4 responses + the final
@@ -648,8 +681,24 @@ def test_bls_from_a_stub_reaches_the_server(server):
     assert first == "0" and 1 <= y < 100
     assert _bls_infer(client, "proc_bls", 8) == (15, "callee")  # itself, through x = 0
     # The callee counted the calls as requests of its own (they went through the server).
-    stats = client.get_inference_statistics("callee_add")["model_stats"][0]
-    assert stats["inference_count"] == 1 + 1 + 300 + 3 + 1  # x = 0, 4, 6, async, x = 8
+    assert _count(client, "callee_add") - before == 1 + 1 + 300 + 3 + 1  # x = 0, 4, 6, async, 8
+
+
+def test_bls_from_threads_of_a_decoupled_stub(server):
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put(error or result))
+    try:
+        for n in range(20):  # the stub reads new requests while earlier ones make their calls
+            x = grpcclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([n], dtype=np.int32))
+            client.async_stream_infer("proc_bls_threaded", [x], request_id=str(n))
+        answers = [responses.get(timeout=60) for _ in range(20)]
+    finally:
+        client.stop_stream()
+    assert all(not isinstance(a, Exception) for a in answers), answers
+    assert sorted(int(a.get_response().id) for a in answers) == list(range(20))
+    assert {int(a.as_numpy("Y")[0]) for a in answers} == {15}  # (0+1) + ... + (4+1)
 
 
 def test_custom_metrics_of_stubs_are_exported(server):

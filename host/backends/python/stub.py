@@ -278,6 +278,10 @@ class Stub:
             if self.backlog:
                 return self.backlog.popleft()
             with self.read_lock:
+                # Looked at again under the lock: another reader (a response callback draining,
+                # a BLS call waiting) may have put work there while this thread waited for it.
+                if self.backlog:
+                    return self.backlog.popleft()
                 msg = self.channel.recv()  # the host gone: ChannelClosed ends the process
                 if not self._handle(msg):
                     return msg
