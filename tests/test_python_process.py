@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import re
+import sys
 import textwrap
 import urllib.request
 from pathlib import Path
@@ -732,6 +733,55 @@ def test_the_server_never_imports_a_process_mode_model(server):
     workers = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
                and _parent(int(p.name)) == server.pid}
     assert server.pid not in importers and not workers & set(importers)
+
+
+BASED_BACKEND = '''
+import json, os, sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = pb_utils.get_model_dir()
+
+    def execute(self, requests):
+        try:
+            import envmarker
+            marker = envmarker.VALUE
+        except ImportError:
+            marker = ""
+        seen = json.dumps({"pid": os.getpid(), "dir": self.dir, "marker": marker})
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("Y", np.array([1], np.int32)),
+            pb_utils.Tensor("MSG", np.array([seen.encode()], np.object_))]) for _ in requests]
+'''
+
+
+def test_a_python_based_backend_in_process_mode_and_in_its_environment(tmp_path):
+    backends, repo = tmp_path / "backends", tmp_path / "repo"
+    (backends / "seen_backend").mkdir(parents=True)
+    (backends / "seen_backend" / "model.py").write_text(textwrap.dedent(BASED_BACKEND))
+    io = textwrap.dedent(BLS_CALLER_CONFIG).replace(PROCESS, "")
+    for name, extra in (("based_proc", PROCESS),
+                        ("based_env", 'parameters { key: "EXECUTION_ENV_PATH" value { string_value: '
+                                      '"$$TRITON_MODEL_DIRECTORY/pyenv" } }\n')):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(f'backend: "seen_backend"\n{io}{extra}')
+    site = repo / "based_env" / "pyenv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages" / "envmarker"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("VALUE = 'based'\n")
+    (repo / "based_env" / "pyenv" / "bin").mkdir()
+    (repo / "based_env" / "pyenv" / "bin" / "activate").write_text("# activate\n")
+    with serve(repo, "--backend-directory", str(backends)) as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        for name, marker in (("based_proc", ""), ("based_env", "based")):
+            x = httpclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([0], dtype=np.int32))
+            seen = json.loads(client.infer(name, [x]).as_numpy("MSG")[0])
+            assert b"triton_python_backend_stub" in Path(f"/proc/{seen['pid']}/cmdline").read_bytes()
+            assert seen["dir"] == str(repo / name / "1")  # get_model_dir(): the version folder
+            assert seen["marker"] == marker
 
 
 class _Source:

@@ -444,17 +444,13 @@ def auto_complete(spec: ModelSpec, backend_model: Path | None) -> Any:
         forget_module(module)
 
 
-def model_environment(spec: ModelSpec, backend_model: Path | None) -> envs.Environment | None:
+def model_environment(spec: ModelSpec) -> envs.Environment | None:
     """The model's execution environment (EXECUTION_ENV_PATH, host.backends.python.envs),
     unpacked and checked; None when it has none."""
     value = spec.config.parameters.get(envs.PARAMETER)
     if value is None or not value.string_value:
         return None
     path = execution_env_path(spec.path, value.string_value)
-    if backend_model is not None:
-        raise InvalidArgumentError(
-            f"model '{spec.name}': {envs.PARAMETER} is not supported for a python-based backend "
-            f"('{spec.backend}') here: its model.py runs in the server process")
     mode = spec.parameter(settings.EXECUTION_MODE_PARAMETER)
     if mode is not None and mode.strip().lower() != "process":
         raise InvalidArgumentError(
@@ -464,7 +460,8 @@ def model_environment(spec: ModelSpec, backend_model: Path | None) -> envs.Envir
     return envs.locate(path)
 
 
-def _auto_complete_in(env: envs.Environment | None, spec: ModelSpec) -> Any:
+def _auto_complete_in(env: envs.Environment | None, spec: ModelSpec,
+                      backend_model: Path | None) -> Any:
     """`auto_complete` run by a one-shot child (in the model's environment, if it has one)."""
     import pickle
 
@@ -472,7 +469,8 @@ def _auto_complete_in(env: envs.Environment | None, spec: ModelSpec) -> Any:
 
     payload = pickle.dumps({"name": spec.name, "version": spec.version,
                             "repository": spec.repository, "path": spec.path,
-                            "config": spec.config.SerializeToString()})
+                            "config": spec.config.SerializeToString(),
+                            "backend_model": backend_model})
     try:
         done = envs.run_child(env, "host.backends.python.env_child", payload)
     except OSError as exc:
@@ -514,13 +512,12 @@ class PythonBackend(Backend):
 
     def auto_complete_config(self, spec: ModelSpec) -> None:
         check_stub_name(spec.name)
-        env = model_environment(spec, self.backend_model)
-        if env is not None or (self.backend_model is None and settings.execution_mode(
-                spec, self.config) == "process"):
+        env = model_environment(spec)
+        if env is not None or settings.execution_mode(spec, self.config) == "process":
             # The model runs in a process of its own: so does its auto-complete (as in Triton's
             # stub), so that the server never imports the model's file (nor what it imports);
             # in its execution environment if it has one (it may import what only that has).
-            spec.config.CopyFrom(_auto_complete_in(env, spec))
+            spec.config.CopyFrom(_auto_complete_in(env, spec, self.backend_model))
             return
         completed = auto_complete(spec, self.backend_model)
         if completed is not None:
@@ -543,7 +540,7 @@ class PythonModel(Model):
         self.path = model_file(self.spec, self.backend_model)
         self.model_dir = model_dir(self.spec, self.path, self.backend_model)
         if not self.in_stub:  # a stub runs in the environment already
-            self.environment = model_environment(self.spec, self.backend_model)
+            self.environment = model_environment(self.spec)
         cfg = self.spec.config
         self.output_names = [o.name for o in cfg.output]
 
@@ -558,14 +555,13 @@ class PythonModel(Model):
     def _in_processes(self) -> bool:
         """Whether each instance runs in a stub process: EXECUTION_MODE "process", or an
         execution environment (only a process can run another Python)."""
-        return self.backend_model is None and (
-            self.environment is not None
-            or settings.execution_mode(self.spec, self.backend_settings) == "process")
+        return (self.environment is not None
+                or settings.execution_mode(self.spec, self.backend_settings) == "process")
 
     def create_instance(self, spec: InstanceSpec) -> Instance:
         check_stub_name(spec.name)
-        # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own.
-        # (A python-based backend's shared model.py runs in process.)
+        # Process mode (EXECUTION_MODE "process"): the instance runs in a stub process of its own
+        # (a python-based backend's too: the stub runs the backend's model.py for this model).
         if self._in_processes():
             from host.backends.python.process import ProcessInstance
 

@@ -24,7 +24,7 @@ def main() -> None:
                      repository=request["repository"], path=request["path"], config=config,
                      backend="python")
     try:
-        completed = auto_complete(spec, None)
+        completed = auto_complete(spec, request["backend_model"])
         answer: tuple = ("ok", (completed if completed is not None else config).SerializeToString())
     except HostError as exc:
         answer = ("error", exc.code.name, exc.message)

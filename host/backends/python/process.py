@@ -415,6 +415,7 @@ class ProcessInstance(Instance):
                 "name": mspec.name, "version": mspec.version,
                 "repository": mspec.repository, "path": mspec.path,
                 "config": mspec.config.SerializeToString(),
+                "backend_model": self.model.backend_model,  # a python-based backend's model.py
                 "instance": {"name": self.spec.name, "kind": self.spec.kind,
                              "device_id": self.spec.device_id, "group": self.spec.group},
                 "log_level": logging.getLogger().getEffectiveLevel(),

@@ -219,6 +219,7 @@ class Stub:
         spec = ModelSpec(name=init["name"], version=init["version"], repository=init["repository"],
                          path=init["path"], config=config, backend="python")
         self.model = PythonModel(spec)
+        self.model.backend_model = init.get("backend_model")  # a python-based backend's model.py
         self.model.in_stub = True
         self.model.initialize()
         self.instance = PythonInstance(self.model, InstanceSpec(**init["instance"]))
