@@ -230,8 +230,9 @@ def _serve_parser(sub) -> None:
     p.add_argument(settings.CONFIG_FLAG, metavar="FILE", default=None,
                    help="read settings from a TOML or YAML file (also MODELHOST_CONFIG_FILE)")
     p.add_argument("--model-repository", "--model-store", action="append", type=storage.repository_arg,
-                   dest="repos", metavar="DIR", help="model repository root: a folder, or s3://[host:port/]"
-                   "bucket[/path] (repeatable; default ./model_repository)")
+                   dest="repos", metavar="DIR", help="model repository root: a folder, s3://[host:port/]"
+                   "bucket[/path], gs://bucket[/path] or as://account/container[/path] (repeatable; "
+                   "default ./model_repository)")
     p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none", type=str.lower,
                    help="none: load every model at start; explicit: load what --load-model and the "
                         "repository API ask for; poll: also follow changes of the repository "

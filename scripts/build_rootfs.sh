@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 "$PYTHON" -m venv "$PREFIX"
 PIP=("$PREFIX/bin/python" -m pip install --no-cache-dir --disable-pip-version-check -q)
 # modelhost first (a wheel built from this checkout), then the plugins, which require it.
-"${PIP[@]}" ".[s3]"  # s3: model repositories in S3 buckets (host.storage)
+"${PIP[@]}" ".[s3,gcs,azure]"  # model repositories in S3, GCS and Azure Blob Storage (host.storage)
 args=()
 for plugin in $PLUGINS; do
     if [ "$plugin" = modelhost-onnxruntime ] && [ "$VARIANT" = cuda ]; then

@@ -5,21 +5,33 @@
 #   haproxy       the load balancer in front of the replicas of the scale-out test
 #   iproute2      `ip netns`, `ip link`: the scale-out test's network namespaces
 #   util-linux    `unshare`: a replica's private /dev/shm in the scale-out test
+#   npm           to install Azurite (Microsoft's Azure Storage emulator) for the as:// repository
+#                 tests, into the user's cache (tests/storage_models.py finds it there), not system-wide
 set -uo pipefail
+AZURITE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/modelhost/azurite"
+have_azurite() { command -v azurite-blob >/dev/null 2>&1 || [ -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ]; }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
-[ ${#missing[@]} -eq 0 ] && exit 0
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
+have_azurite || command -v npm >/dev/null 2>&1 || missing+=(npm)
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else SUDO="none"; fi
+    fi
+    if [ "$SUDO" = none ]; then
         echo "warning: not root and no sudo: cannot install ${missing[*]}; tests that need them are skipped" >&2
-        exit 0
+    else
+        echo "installing ${missing[*]} (apt-get)" >&2
+        $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
+            || echo "warning: could not install ${missing[*]}; tests that need them are skipped" >&2
     fi
 fi
-echo "installing ${missing[*]} (apt-get)" >&2
-$SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
-    || echo "warning: could not install ${missing[*]}; tests that need them are skipped" >&2
+if ! have_azurite && command -v npm >/dev/null 2>&1; then
+    echo "installing azurite (npm) into $AZURITE_DIR" >&2
+    npm install --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error azurite@3 >&2 \
+        || echo "warning: could not install azurite; the as:// repository tests are skipped" >&2
+fi
 exit 0

@@ -8,19 +8,20 @@ tests (path grammar, credential file, the mirror's treatment of hostile keys) us
 from __future__ import annotations
 
 import json
-import logging
 import os
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from storage_models import (MODEL_PY, S3, config, index, infer_grpc, infer_http, run_s3, start_failure,
+                            write_local_model)
+from storage_models import CLEAN_ENV as AWS_ENV
 from tritonclient.utils import InferenceServerException
 
 from host.errors import InvalidArgumentError, NotFoundError
@@ -29,131 +30,12 @@ from host.storage import parse_root, s3
 from host.testing import free_port, serve, wait_until
 
 pytestmark = pytest.mark.modelhost_only
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
-
-# Credentials moto accepts, and nothing of this machine's AWS set-up (no profile files, no
-# instance metadata lookups, no proxy for loopback).
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-    "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-    "TRITON_CLOUD_CREDENTIAL_PATH": "", "TRITON_AWS_MOUNT_DIRECTORY": "",
-    "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-}
-
-MODEL_PY = '''
-import json
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        params = json.loads(args["model_config"]).get("parameters", {})
-        self.add = float(params.get("ADD", {}).get("string_value", "0"))
-
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", (pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + self.add).astype(np.float32))])
-            for r in requests]
-'''
-
-
-def config(name: str, add: int = 0) -> str:
-    return f"""name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters {{ key: "ADD" value {{ string_value: "{add}" }} }}
-"""
-
-
-class S3:
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.endpoint = f"http://127.0.0.1:{port}"
-        self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                                   aws_access_key_id="testing", aws_secret_access_key="testing")
-
-    def bucket(self, name: str) -> str:
-        self.client.create_bucket(Bucket=name)
-        return name
-
-    def put(self, bucket: str, key: str, body: bytes | str) -> None:
-        self.client.put_object(Bucket=bucket, Key=key, Body=body.encode() if isinstance(body, str) else body)
-
-    def put_model(self, bucket: str, prefix: str, name: str, versions: tuple[int, ...] = (1,),
-                  add: int = 0) -> None:
-        self.put(bucket, f"{prefix}/{name}/config.pbtxt", config(name, add))
-        for version in versions:
-            self.put(bucket, f"{prefix}/{name}/{version}/model.py", MODEL_PY)
-
-    def delete_prefix(self, bucket: str, prefix: str) -> None:
-        listed = self.client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-        for item in listed:
-            self.client.delete_object(Bucket=bucket, Key=item["Key"])
-
-    def keys(self, bucket: str) -> list[str]:
-        return [o["Key"] for o in self.client.list_objects_v2(Bucket=bucket).get("Contents", [])]
-
-    def url(self, bucket: str, prefix: str = "", host: str = "127.0.0.1") -> str:
-        return f"s3://{host}:{self.port}/{bucket}" + (f"/{prefix}" if prefix else "")
+pytest.importorskip("boto3")
 
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[S3]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in AWS_ENV.items():
-            mp.setenv(key, value)
-        mp.delenv("AWS_PROFILE", raising=False)  # the servers started here inherit this
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's request lines
-        port = free_port()
-        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        try:
-            yield S3(port)
-        finally:
-            server.stop()
-
-
-def infer_http(url: str, model: str, values: list[float]) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url, network_timeout=30)
-    x = np.array(values, dtype=np.float32)
-    inp = httpclient.InferInput("IN", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    return client.infer(model, [inp]).as_numpy("OUT")
-
-
-def infer_grpc(url: str, model: str, values: list[float]) -> np.ndarray:
-    client = grpcclient.InferenceServerClient(url)
-    x = np.array(values, dtype=np.float32)
-    inp = grpcclient.InferInput("IN", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    return client.infer(model, [inp], client_timeout=30).as_numpy("OUT")
-
-
-def index(url: str) -> dict[tuple[str, str], dict[str, Any]]:
-    rows = httpclient.InferenceServerClient(url).get_model_repository_index()
-    return {(r["name"], r.get("version", "")): r for r in rows}
-
-
-def start_failure(*args: str, env: dict[str, str] | None = None) -> str:
-    """A server expected not to start: its output, once it exited non-zero."""
-    ports = []
-    for flag in ("--http-port", "--grpc-port", "--metrics-port"):
-        ports += [flag, str(free_port())]
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MODELHOST_")}
-    full_env.update(AWS_ENV, **(env or {}))
-    result = subprocess.run([sys.executable, "-m", "host", "serve", "--http-address", "127.0.0.1",
-                             "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
-                             *ports, *args], capture_output=True, text=True, timeout=90, env=full_env)
-    out = result.stdout + result.stderr
-    assert result.returncode != 0, out
-    assert "Traceback" not in out and "Listening at" not in out, out
-    return out
+    yield from run_s3()
 
 
 # --- serving ---------------------------------------------------------------------------------------
@@ -248,9 +130,7 @@ def test_local_and_s3_repositories_together(s3_server, tmp_path):
     s3_server.put_model(bucket, "models", "twice")
     local = tmp_path / "local"
     for name in ("from_disk", "twice"):
-        (local / name / "1").mkdir(parents=True)
-        (local / name / "config.pbtxt").write_text(config(name, add=2))
-        (local / name / "1" / "model.py").write_text(MODEL_PY)
+        write_local_model(local, name, add=2)
     with serve(local, "--model-repository", s3_server.url(bucket, "models"), env=AWS_ENV) as server:
         assert infer_http(server.url, "from_s3", [1]).tolist() == [2]
         assert infer_http(server.url, "from_disk", [1]).tolist() == [3]
@@ -285,14 +165,6 @@ def test_no_credentials_stops_start(s3_server):
     out = start_failure("--model-repository", s3_server.url("any-bucket"),
                         env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
     assert "no AWS credentials found" in out
-
-
-@pytest.mark.parametrize("path, name", [("gs://bucket/models", "Google Cloud Storage"),
-                                        ("as://account/container/models", "Azure Storage")])
-def test_other_clouds_refused(path, name):
-    out = start_failure("--model-repository", path)
-    scheme = path.split(":")[0]
-    assert f"{scheme}:// ({name}) repositories are not supported by modelhost" in out
 
 
 def test_without_boto3_the_error_says_what_to_install():

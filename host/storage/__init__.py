@@ -1,5 +1,5 @@
 """Model repositories in cloud storage, as Triton's file systems: `s3://` (Amazon S3 and S3-compatible
-stores); `gs://` and `as://` are recognized and refused.
+stores), `gs://` (Google Cloud Storage) and `as://` (Azure Blob Storage).
 
 A cloud repository is served from a private local mirror (host.storage.mirror): the rest of the
 server sees a local folder, which `Repositories.sync` brings up to date before each scan of the
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Sequence
 
-from host.errors import HostError, UnsupportedError
+from host.errors import HostError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from host.storage.mirror import Mirror
@@ -23,18 +24,16 @@ if TYPE_CHECKING:
 # A repository as given: a local folder, or a cloud path (its text, checked; see repository_arg).
 Root = Path | str
 
-# scheme -> the module that serves it: parse(path), check(path), mirror(path)
-_SCHEMES = {"s3": "host.storage.s3"}
-# Triton's other cloud file systems, not provided here (yet): refused with their names.
-_UNSUPPORTED = {"gs": "Google Cloud Storage", "as": "Azure Storage"}
+# scheme -> the module that serves it (host.storage.cloud): parse(path), Store, MOUNT_DIRECTORY_VARIABLE
+_SCHEMES = {"s3": "host.storage.s3", "gs": "host.storage.gcs", "as": "host.storage.azure"}
 
 
 def scheme(path: str | Path) -> str | None:
-    """The cloud scheme of a repository path ("s3"), or None for a local folder. As in Triton,
-    only a path that starts with `s3://`, `gs://` or `as://` is a cloud one."""
+    """The cloud scheme of a repository path ("s3", "gs", "as"), or None for a local folder. As in
+    Triton, only a path that starts with `s3://`, `gs://` or `as://` is a cloud one."""
     if not isinstance(path, str):
         return None
-    for name in (*_SCHEMES, *_UNSUPPORTED):
+    for name in _SCHEMES:
         if path.startswith(name + "://"):
             return name
     return None
@@ -45,17 +44,12 @@ def is_remote(path: str | Path) -> bool:
 
 
 def _module(path: str) -> ModuleType:
-    name = scheme(path)
-    if name in _UNSUPPORTED:
-        raise UnsupportedError(
-            f"model repository '{path}': {name}:// ({_UNSUPPORTED[name]}) repositories are not "
-            f"supported by modelhost; s3:// and local folders are")
-    return importlib.import_module(_SCHEMES[name or ""])
+    return importlib.import_module(_SCHEMES[scheme(path) or ""])
 
 
 def parse_root(text: str) -> Root:
     """A repository path as given on the command line: a cloud path is kept as its text once its
-    grammar is checked (InvalidArgumentError, UnsupportedError); anything else is a local Path."""
+    grammar is checked (InvalidArgumentError); anything else is a local Path."""
     if not is_remote(text):
         return Path(text)
     _module(text).parse(text)
@@ -73,7 +67,22 @@ def repository_arg(text: str) -> Root:
 def check(path: str) -> None:
     """Before the server forks: the repository can be reached and exists. Raises HostError with
     the one line the user reads."""
-    _module(path).check(path)
+    _module(path).Store(path).probe()
+
+
+# (not `mirror`: importing the submodule host.storage.mirror sets that name on this package)
+def mirror_of(path: str) -> Mirror:
+    """A cloud repository's local copy, empty until its first sync: in a private folder under the
+    scheme's TRITON_*_MOUNT_DIRECTORY when that is set (it must exist), else the temporary folder."""
+    from host.storage.mirror import Mirror
+
+    module = _module(path)
+    variable = module.MOUNT_DIRECTORY_VARIABLE
+    mount = os.environ.get(variable) or None
+    if mount is not None and not os.path.isdir(mount):
+        raise InvalidArgumentError(f"{variable}='{mount}' is not a folder: it must exist to hold "
+                                   f"the copy of model repository '{path}'")
+    return Mirror(module.Store(path), mount)
 
 
 class Repositories:
@@ -87,9 +96,9 @@ class Repositories:
         try:
             for root in self.given:
                 if is_remote(root):
-                    mirror = _module(str(root)).mirror(str(root))
-                    self.mirrors[mirror.root] = mirror
-                    self.roots.append(mirror.root)
+                    copy = mirror_of(str(root))
+                    self.mirrors[copy.root] = copy
+                    self.roots.append(copy.root)
                 else:
                     self.roots.append(Path(root))
         except BaseException:

@@ -42,7 +42,7 @@ class RemoteObject:
 
 
 class Store(Protocol):
-    """One cloud repository's objects (host.storage.s3.S3Store)."""
+    """One cloud repository's objects (host.storage.cloud.CloudStore)."""
 
     url: str  # the repository's path as the user gave it, for messages
 

@@ -16,26 +16,21 @@ boto3 is imported on first use: it is the optional extra `modelhost[s3]`.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
 import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Mapping
 
-from host.errors import HostError, InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
-from host.storage.mirror import Mirror, RemoteObject
+from host.errors import HostError, InvalidArgumentError, UnavailableError
+from host.storage import cloud
+from host.storage.cloud import (CONNECT_TIMEOUT_S, CREDENTIAL_FILE_VARIABLE, MAX_ATTEMPTS, READ_TIMEOUT_S,
+                                CloudStore, path_parts)
+from host.storage.mirror import RemoteObject
 
 PREFIX = "s3://"
-CREDENTIAL_FILE_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
 MOUNT_DIRECTORY_VARIABLE = "TRITON_AWS_MOUNT_DIRECTORY"
 _HOST_PORT = re.compile(r"[0-9a-zA-Z\-.]+:[0-9]+")
 _BUCKET = re.compile(r"[0-9a-zA-Z.\-_]{1,255}")  # what boto3 accepts
-# Bounded waits: an endpoint that does not answer fails a start-up or a load, it never hangs one.
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 60
-MAX_ATTEMPTS = 3
-_CHUNK = 1 << 20  # downloads are streamed in pieces of this size
 
 
 @dataclass(frozen=True)
@@ -44,10 +39,6 @@ class S3Path:
     bucket: str
     prefix: str  # without leading or trailing '/'; "" for the bucket's root
     endpoint: str | None  # "http://host:port" for an S3-compatible store; None: AWS's
-
-    @property
-    def key_prefix(self) -> str:
-        return self.prefix + "/" if self.prefix else ""
 
 
 def clean(path: str) -> str:
@@ -58,7 +49,7 @@ def clean(path: str) -> str:
         if rest.startswith(protocol):
             rest, out = rest[len(protocol):], out + protocol
             break
-    parts = [p for p in rest.split("/") if p]
+    parts = path_parts(rest)
     if not parts:
         raise InvalidArgumentError(f"Invalid bucket name: '{rest}'")
     return out + "/".join(parts)
@@ -87,23 +78,10 @@ def parse(path: str) -> S3Path:
 def credential(path: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """boto3 Session arguments for `path` from TRITON_CLOUD_CREDENTIAL_PATH's "s3" entries (the
     longest name the path starts with), or {} for boto3's own chain."""
-    environ = os.environ if environ is None else environ
-    file = environ.get(CREDENTIAL_FILE_VARIABLE)
-    if not file:
+    entry = cloud.credential_entry("s3", path, environ)
+    if entry is None:
         return {}
-    try:
-        with open(file, encoding="utf-8") as f:
-            entries = json.load(f).get("s3", {})
-    except (OSError, ValueError, AttributeError) as exc:
-        raise InvalidArgumentError(f"cannot read the credential file {CREDENTIAL_FILE_VARIABLE}="
-                                   f"'{file}': {exc}") from None
-    names = [name for name in entries if isinstance(name, str) and path.startswith(name)]
-    if not names:  # Triton's text
-        raise NotFoundError(f"Cannot match credential for path {path} in {CREDENTIAL_FILE_VARIABLE}")
-    entry = entries[max(names, key=len)]
-    if not isinstance(entry, dict):
-        raise InvalidArgumentError(f"{CREDENTIAL_FILE_VARIABLE}: the s3 entry for {path} is not an object")
-    found = {k: v for k, v in entry.items() if isinstance(v, str) and v}
+    found = cloud.credential_fields("s3", path, entry)
     if found.get("key_id") and found.get("secret_key"):
         out = {"aws_access_key_id": found["key_id"], "aws_secret_access_key": found["secret_key"]}
         if found.get("session_token"):
@@ -116,27 +94,19 @@ def credential(path: str, environ: Mapping[str, str] | None = None) -> dict[str,
     return {}
 
 
-def _boto3() -> Any:
-    try:
-        import boto3
-    except ImportError:
-        raise UnsupportedError('s3:// model repositories need boto3: pip install "modelhost[s3]"') from None
-    return boto3
-
-
-class S3Store:
-    """The objects of one `s3://` repository (host.storage.mirror.Store)."""
+class S3Store(CloudStore):
+    """The objects of one `s3://` repository."""
 
     def __init__(self, path: str) -> None:
-        self.url = path
         self.where = parse(path)
+        super().__init__(path, self.where.bucket, self.where.prefix)
         self._client: Any = None
         self._lock = threading.Lock()
 
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                boto3 = _boto3()
+                boto3 = cloud.require("boto3", "s3", "boto3", "s3")
                 from botocore.config import Config
 
                 with self._errors():
@@ -155,7 +125,7 @@ class S3Store:
         """boto3's exceptions as the host's errors, naming the repository as the user gave it."""
         from botocore import exceptions as bx
 
-        where = f"failed to read model repository '{self.url}'"
+        where = self.failure
         try:
             yield
         except HostError:
@@ -164,7 +134,7 @@ class S3Store:
             error = exc.response.get("Error", {})
             code, message = error.get("Code", "?"), error.get("Message", "")
             if code in ("NoSuchBucket", "404"):
-                raise NotFoundError(f"{where}: bucket '{self.where.bucket}' does not exist") from None
+                raise self.missing_container() from None
             if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
                         "ExpiredToken", "InvalidToken"):
                 raise UnavailableError(f"{where}: access denied ({code}: {message}); check the "
@@ -182,7 +152,7 @@ class S3Store:
             raise UnavailableError(f"{where}: {exc}") from None
 
     def list(self) -> list[RemoteObject]:
-        client, prefix = self.client(), self.where.key_prefix
+        client, prefix = self.client(), self.key_prefix
         out = []
         with self._errors():
             pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.where.bucket,
@@ -191,40 +161,26 @@ class S3Store:
                 for item in page.get("Contents", ()):
                     key = item["Key"][len(prefix):]
                     if key:  # the prefix's own folder marker is not in it
-                        modified = item["LastModified"]
-                        mtime = int(modified.timestamp()) * 10**9 + modified.microsecond * 1000
                         out.append(RemoteObject(key, int(item["Size"]), item.get("ETag", "").strip('"'),
-                                                mtime))
+                                                cloud.mtime_ns(item["LastModified"])))
         return out
 
     def download(self, key: str, into: BinaryIO) -> None:
         client = self.client()
         with self._errors():
-            body = client.get_object(Bucket=self.where.bucket, Key=self.where.key_prefix + key)["Body"]
+            body = client.get_object(Bucket=self.where.bucket, Key=self.key_prefix + key)["Body"]
             try:
-                for chunk in body.iter_chunks(_CHUNK):
+                for chunk in body.iter_chunks(cloud.CHUNK):
                     into.write(chunk)
             finally:
                 body.close()
 
-    def probe(self) -> None:
-        """The bucket exists, and so does the repository's path in it (NotFoundError)."""
+    def any_object(self) -> bool:
         client = self.client()
         with self._errors():
-            page = client.list_objects_v2(Bucket=self.where.bucket, Prefix=self.where.key_prefix,
+            page = client.list_objects_v2(Bucket=self.where.bucket, Prefix=self.key_prefix,
                                           MaxKeys=1)
-        if self.where.prefix and not page.get("Contents"):
-            raise NotFoundError(f"model repository '{self.url}' does not exist: no object under "
-                                f"'{self.where.key_prefix}' in bucket '{self.where.bucket}'")
+        return bool(page.get("Contents"))
 
 
-def check(path: str) -> None:
-    S3Store(path).probe()
-
-
-def mirror(path: str) -> Mirror:
-    mount = os.environ.get(MOUNT_DIRECTORY_VARIABLE) or None
-    if mount is not None and not os.path.isdir(mount):
-        raise InvalidArgumentError(f"{MOUNT_DIRECTORY_VARIABLE}='{mount}' is not a folder: it must "
-                                   f"exist to hold the copy of model repository '{path}'")
-    return Mirror(S3Store(path), mount)
+Store = S3Store
