@@ -142,8 +142,9 @@ def test_local_s3_gs_and_as_repositories_together(gcs_server, azurite, tmp_path)
     azurite.put_model(as_container, "models", "twice")
     gs_url, as_url = gcs_server.url(gs_bucket, "models"), azurite.url(as_container, "models")
     with run_s3_beside() as s3_store:
-        s3_store.put_model(s3_store.bucket("mixed-bucket"), "models", "from_s3", add=4)
-        s3_url = s3_store.url("mixed-bucket", "models")
+        # moto's servers in one process share their buckets: not test_storage_s3's mixed-bucket
+        s3_store.put_model(s3_store.bucket("together-bucket"), "models", "from_s3", add=4)
+        s3_url = s3_store.url("together-bucket", "models")
         with serve(local, "--model-repository", s3_url, "--model-repository", gs_url, "--model-repository",
                    as_url, env={**CLEAN_ENV, **gcs_server.env, **azurite.env}) as server:
             for name, add in (("from_disk", 1), ("from_gs", 2), ("from_as", 3), ("from_s3", 4)):
