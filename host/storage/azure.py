@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Mapping
 
@@ -104,27 +103,22 @@ class AzureStore(CloudStore):
         self.where = parse(path)
         super().__init__(path, self.where.container, self.where.prefix)
         self.endpoint = ""  # the account's blob service URL, once the client is made
-        self._client: Any = None
-        self._lock = threading.Lock()
 
-    def client(self) -> Any:
+    def make_client(self) -> Any:
         """The container's client (azure.storage.blob.ContainerClient)."""
-        with self._lock:
-            if self._client is None:
-                blob = cloud.require("azure.storage.blob", "as", "azure-storage-blob", "azure")
-                found = credential(self.url)
-                account = found.account or self.where.account
-                _check_account(account, self.url)
-                template = os.environ.get(ENDPOINT_VARIABLE) or DEFAULT_ENDPOINT
-                self.endpoint = template.replace("{account}", account).rstrip("/")
-                with self._errors():
-                    service = blob.BlobServiceClient(
-                        self.endpoint, credential=self._token(found, account),
-                        connection_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                        retry_policy=blob.LinearRetry(backoff=1, random_jitter_range=0.5,
-                                                      retry_total=MAX_ATTEMPTS - 1))
-                    self._client = service.get_container_client(self.container)
-            return self._client
+        blob = cloud.require("azure.storage.blob", "as", "azure-storage-blob", "azure")
+        found = credential(self.url)
+        account = found.account or self.where.account
+        _check_account(account, self.url)
+        template = os.environ.get(ENDPOINT_VARIABLE) or DEFAULT_ENDPOINT
+        self.endpoint = template.replace("{account}", account).rstrip("/")
+        with self._errors():
+            service = blob.BlobServiceClient(
+                self.endpoint, credential=self._token(found, account),
+                connection_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                retry_policy=blob.LinearRetry(backoff=1, random_jitter_range=0.5,
+                                              retry_total=MAX_ATTEMPTS - 1))
+            return service.get_container_client(self.container)
 
     def _token(self, found: AzureCredential, account: str) -> Any:
         """What signs the requests, as Triton picks it; None: anonymous."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 from abc import ABC, abstractmethod
 from datetime import datetime
 from types import ModuleType
-from typing import BinaryIO, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping
 
 from host.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from host.storage.mirror import RemoteObject
@@ -86,6 +87,19 @@ class CloudStore(ABC):
         self.url = url  # as the user gave it: what messages show
         self.container = container
         self.prefix = prefix  # without leading or trailing '/'; "" for the container's root
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    def client(self) -> Any:
+        """The store's client library object, made on first use (the library is imported then)."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self.make_client()
+            return self._client
+
+    @abstractmethod
+    def make_client(self) -> Any:
+        """Import the client library and make the client; raises HostError."""
 
     @property
     def key_prefix(self) -> str:

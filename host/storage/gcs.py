@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Mapping
 
@@ -79,21 +78,17 @@ class GCSStore(CloudStore):
         self.where = parse(path)
         super().__init__(path, self.where.bucket, self.where.prefix)
         self.endpoint = os.environ.get(EMULATOR_VARIABLE) or "https://storage.googleapis.com"
-        self._client: Any = None
         self._retry: Any = None
-        self._lock = threading.Lock()
 
-    def client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                storage = cloud.require("google.cloud.storage", "gs", "google-cloud-storage", "gcs")
-                from google.cloud.storage.retry import DEFAULT_RETRY
+    def make_client(self) -> Any:
+        storage = cloud.require("google.cloud.storage", "gs", "google-cloud-storage", "gcs")
+        from google.cloud.storage.retry import DEFAULT_RETRY
 
-                with self._errors():
-                    credentials, project = self._credentials()
-                    self._client = storage.Client(project=project or "<none>", credentials=credentials)
-                self._retry = DEFAULT_RETRY.with_delay(initial=0.5, maximum=2.0).with_timeout(RETRY_DEADLINE_S)
-            return self._client
+        with self._errors():
+            credentials, project = self._credentials()
+            client = storage.Client(project=project or "<none>", credentials=credentials)
+        self._retry = DEFAULT_RETRY.with_delay(initial=0.5, maximum=2.0).with_timeout(RETRY_DEADLINE_S)
+        return client
 
     def _credentials(self) -> tuple[Any, str | None]:
         """(credentials, project) as Triton picks them; None credentials: anonymous."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Mapping
 
@@ -100,25 +99,20 @@ class S3Store(CloudStore):
     def __init__(self, path: str) -> None:
         self.where = parse(path)
         super().__init__(path, self.where.bucket, self.where.prefix)
-        self._client: Any = None
-        self._lock = threading.Lock()
 
-    def client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                boto3 = cloud.require("boto3", "s3", "boto3", "s3")
-                from botocore.config import Config
+    def make_client(self) -> Any:
+        boto3 = cloud.require("boto3", "s3", "boto3", "s3")
+        from botocore.config import Config
 
-                with self._errors():
-                    session = boto3.session.Session(**credential(self.url))
-                    config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                                    retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
-                                    # a custom endpoint is addressed by path, as Triton does
-                                    s3={"addressing_style": "path"} if self.where.endpoint else None)
-                    region = session.region_name or ("us-east-1" if self.where.endpoint else None)
-                    self._client = session.client("s3", endpoint_url=self.where.endpoint,
-                                                  region_name=region, config=config)
-            return self._client
+        with self._errors():
+            session = boto3.session.Session(**credential(self.url))
+            config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+                            # a custom endpoint is addressed by path, as Triton does
+                            s3={"addressing_style": "path"} if self.where.endpoint else None)
+            region = session.region_name or ("us-east-1" if self.where.endpoint else None)
+            return session.client("s3", endpoint_url=self.where.endpoint, region_name=region,
+                                  config=config)
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
