@@ -1,4 +1,5 @@
-"""The one compiled part of modelhost: the native bridge (host/native), built from its C sources.
+"""The compiled parts of modelhost: the native bridge (host/native), built from its C sources,
+and two small extension modules (the shared-memory SIGBUS guard, the LLM decode-attention kernel).
 
 Everything else is declared in pyproject.toml. The bridge is a Python extension module that is
 also the library native Triton backends and caches link against: its soname is
@@ -37,11 +38,16 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
-            self._skip(exc)
+            self._skip(exc, ext.name)
 
-    def _skip(self, exc):
+    def _skip(self, exc, name="host.native.libtritonserver"):
         text = str(exc).strip()
-        message = WARNING.format(error=text.splitlines()[-1] if text else type(exc).__name__)
+        error = text.splitlines()[-1] if text else type(exc).__name__
+        if name != "host.native.libtritonserver":  # the small modules have a fallback each
+            self.warn(f"modelhost: {name} could not be compiled ({error}); it is optional: "
+                      "modelhost uses its pure-Python fallback")
+            return
+        message = WARNING.format(error=error)
         sys.stderr.write(message)
         self.warn(message)
 
@@ -68,5 +74,10 @@ setup(
         # SIGBUS guard for client shared-memory mappings (host/shm/system.py).
         Extension("host.shm._guard", sources=["host/shm/_guard.c"],
                   extra_compile_args=["-std=gnu11"], optional=True),
+        # Decode attention over the paged KV cache, float32 on the CPU (host/inflight/attention.py):
+        # -fopenmp-simd vectorizes its marked loops without OpenMP's runtime.
+        Extension("host.inflight._attention", sources=["host/inflight/_attention.c"],
+                  extra_compile_args=["-std=gnu11", "-O3", "-fopenmp-simd"], libraries=["m"],
+                  optional=True),
     ]
 )

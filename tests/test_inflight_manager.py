@@ -325,3 +325,67 @@ def test_decode_attention_paths_agree(kv_heads, window, monkeypatch):
         kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [n, H, D]
         w = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kr) / dim ** 0.5, -1)
         torch.testing.assert_close(diagonal[i], torch.einsum("hn,nhd->hd", w, vr))
+
+
+@pytest.mark.parametrize("kv_heads,window,dim", [(2, None, 16), (4, 20, 16), (1, None, 64), (8, 7, 8)])
+def test_compiled_decode_attention_matches(kv_heads, window, dim):
+    """The compiled float32 decode kernel (host/inflight/_attention.c) gives what the PyTorch path
+    gives, for grouped, multi- and single-KV-head layouts, a window, blocks out of order and
+    requests from one token to several blocks; it writes the decode rows only."""
+    from host.inflight import attention
+    from host.inflight.request import Phase, Sequence
+    from host.inflight.step import build_step
+
+    assert attention._attention is not None, "the kernel is compiled wherever the tests run"
+    rng = random.Random(5)
+    bs, heads = 4, 8
+    seqs, used = [], 0
+    for i, length in enumerate([1, 3, 4, 5, 23, 61]):
+        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
+        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
+        blocks = -(-length // bs)
+        seq.block_table = rng.sample(range(used, used + blocks + 3), blocks)
+        used += blocks + 3
+        seqs.append(seq)
+    batch = build_step(seqs, [], bs)
+    assert batch.decode_lengths.tolist() == [1, 3, 4, 5, 23, 61]
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(used * bs, kv_heads, dim, generator=gen)
+    values = torch.randn(used * bs, kv_heads, dim, generator=gen)
+    q = torch.randn(len(seqs), heads, dim, generator=gen)
+    assert attention.compiled_applies(q, keys, values)
+    expected = attention.decode_attention(q, keys, values, batch, window)
+    out = torch.full((len(seqs) + 2, heads, dim), 7.0)  # two rows past the decode tokens
+    attention.compiled_decode_attention(q, keys, values, batch, window, out)
+    torch.testing.assert_close(out[:len(seqs)], expected, rtol=1e-5, atol=1e-5)
+    assert bool((out[len(seqs):] == 7.0).all())
+    # not for other dtypes: those take the PyTorch path
+    assert not attention.compiled_applies(q.double(), keys.double(), values.double())
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 17, 40])
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_layers_compute_f_linear(rows, bias, monkeypatch):
+    """A decoder's linear layer with its weight laid out for the CPU's matrix library gives
+    F.linear's result (up to summation order) for any row count; float64 weights, pack=False
+    and MODELHOST_PACKED_WEIGHTS=0 keep the plain weight."""
+    from host.inflight import linear
+
+    gen = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 48, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(rows, 48, generator=gen)
+    layer = linear.Dense(w, b if bias else None)
+    assert layer.packed, "this PyTorch build has oneDNN and MKL"
+    expected = torch.nn.functional.linear(x, w, b if bias else None)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+    assert not linear.Dense(w.double(), None).packed
+    assert not linear.Dense(w, None, pack=False).packed
+    monkeypatch.setenv("MODELHOST_PACKED_WEIGHTS", "0")
+    linear._available.cache_clear()
+    try:
+        plain = linear.Dense(w, b if bias else None)
+        assert not plain.packed
+        torch.testing.assert_close(plain(x), expected)
+    finally:
+        monkeypatch.delenv("MODELHOST_PACKED_WEIGHTS")
+        linear._available.cache_clear()

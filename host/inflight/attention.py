@@ -5,7 +5,10 @@ token of a flat iteration batch (`host.inflight.step.StepBatch`) over its own re
 keys and values (the caller has already written this iteration's keys and values into their
 slots, so a context chunk sees its own tokens):
 
-- decode tokens (one per request in generation) all at once: their requests' blocks are gathered
+- decode tokens (one per request in generation) all at once. For float32 on a CPU, by the
+  compiled kernel `host/inflight/_attention.c` (each request's slots read in place; 4-8 times
+  faster than the PyTorch operations on this project's machine); otherwise (another dtype, a
+  GPU, or a build without the kernel) with PyTorch operations: the requests' blocks are gathered
   into one run, scores computed block by block, and a softmax per request across its blocks
   (scatter max / index_add), so no request is padded to the longest (only the unused tail of each
   request's last block is masked);
@@ -27,13 +30,20 @@ from torch.nn import functional as F
 if TYPE_CHECKING:
     from host.inflight.step import StepBatch
 
+try:  # compiled with the package when a C compiler was there (setup.py); optional
+    from host.inflight import _attention  # type: ignore[attr-defined]  # compiled: no source for mypy
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _attention = None
+
 
 def paged_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: StepBatch,
                     window: int | None = None) -> torch.Tensor:
     """q [T, heads, dim]; keys/values [slots, kv_heads, dim] (one layer) -> [T, heads, dim]."""
-    attn = torch.empty_like(q)
+    attn = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     nd = batch.num_decode
-    if nd:
+    if nd and compiled_applies(q, keys, values):
+        compiled_decode_attention(q[:nd], keys, values, batch, window, attn)
+    elif nd:
         attn[:nd] = decode_attention(q[:nd], keys, values, batch, window)
     for c in batch.contexts:
         qc = q[c.start:c.start + c.length].transpose(0, 1)  # [H, n, D]
@@ -50,6 +60,30 @@ def paged_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, b
             o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True)
         attn[c.start:c.start + c.length] = o.transpose(0, 1)
     return attn
+
+
+def compiled_applies(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether the compiled decode kernel can take this layer: float32 tensors on the CPU, the
+    cache's layer slices contiguous (they are: [slots, kv_heads, dim] of one pool)."""
+    return (_attention is not None and q.device.type == "cpu" and q.dtype == torch.float32
+            and keys.dtype == values.dtype == torch.float32 and keys.is_contiguous()
+            and values.is_contiguous())
+
+
+def compiled_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                              batch: StepBatch, window: int | None, out: torch.Tensor) -> None:
+    """The decode tokens' attention by `_attention.decode`, written into out[:num_decode]
+    (`out` contiguous [T, heads, dim]); the same result as `decode_attention` up to rounding."""
+    n, heads, dim = q.shape
+    q = q.contiguous()
+    starts, lengths, blocks = batch.decode_starts, batch.decode_lengths, batch.decode_blocks
+    # the kernel reads raw memory: what it indexes must be what it expects
+    assert starts.is_contiguous() and lengths.is_contiguous() and blocks.is_contiguous()
+    assert starts.shape[0] == n + 1 and lengths.shape[0] == n and out.is_contiguous()
+    _attention.decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(),
+                      blocks.data_ptr(), starts.data_ptr(), lengths.data_ptr(), n, heads,
+                      keys.shape[1], dim, batch.tokens_per_block, window or 0,
+                      1.0 / math.sqrt(dim))
 
 
 # Up to this many query heads, decode attention multiplies every query head by every KV head of

@@ -12,6 +12,8 @@ checked against the config before anything runs: a missing tensor, an unexpected
 shape that does not follow from the config is a `CheckpointError` naming the tensor and both
 shapes. The computation follows the `transformers` modeling code (same operations, same order,
 norms in float32), so greedy tokens are those of `transformers`' `generate` on the same files.
+On a CPU, float32 weights are laid out once for the matrix library (`host.inflight.linear`):
+its products sum in another order than `F.linear`'s, which moves logits by rounding only.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from host.inflight.attention import paged_attention
+from host.inflight.linear import Dense
 
 if TYPE_CHECKING:
     from host.inflight.kv_cache import KVCache
@@ -72,15 +75,16 @@ def open_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: str | Path, dtype: str = "", device: str = "cpu",
-                    max_attention_window: int | None = None) -> nn.Module:
-    """The decoder of the checkpoint in `path` (dtype: the config's `torch_dtype`/`dtype` if '')."""
+                    max_attention_window: int | None = None, pack: bool = True) -> nn.Module:
+    """The decoder of the checkpoint in `path` (dtype: the config's `torch_dtype`/`dtype` if '';
+    pack: float32 weights on a CPU laid out for its matrix library, `host.inflight.linear`)."""
     path = Path(path)
     config = read_config(path)
     name = dtype or config.get("dtype") or config.get("torch_dtype") or "float32"
     if name not in DTYPES:
         raise CheckpointError(f"dtype '{name}' is not supported (one of {', '.join(DTYPES)})")
     cls = GPT2Decoder if config["model_type"] == "gpt2" else LlamaDecoder
-    model = cls(config, open_weights(path), DTYPES[name], torch.device(device))
+    model = cls(config, open_weights(path), DTYPES[name], torch.device(device), pack)
     if max_attention_window is not None:
         model.window = max_attention_window if model.window is None else min(model.window,
                                                                              max_attention_window)
@@ -182,7 +186,7 @@ class LlamaDecoder(_Decoder):
     """Llama, Mistral, Qwen2 (pre-norm RMSNorm blocks, RoPE, GQA, SwiGLU)."""
 
     def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, pack: bool = True) -> None:
         super().__init__(config, dtype, device)
         kind = config["model_type"]
         hidden, self.layers = self._positive("hidden_size"), self._positive("num_hidden_layers")
@@ -230,17 +234,19 @@ class LlamaDecoder(_Decoder):
                 "down_b": w.maybe(p + "mlp.down_proj.bias", (hidden,), optional=not mlp_bias),
             })
         for b in self.blocks:  # one matrix product for q, k, v and one for gate, up: fewer, larger
-            b["qkv"] = torch.cat([b.pop("q"), b.pop("k"), b.pop("v")])
             biases = [b.pop("qb"), b.pop("kb"), b.pop("vb")]
-            b["qkv_b"] = None if biases[0] is None else torch.cat(biases)
-            b["gate_up"] = torch.cat([b.pop("gate"), b.pop("up")])
+            b["qkv"] = Dense(torch.cat([b.pop("q"), b.pop("k"), b.pop("v")]),
+                             None if biases[0] is None else torch.cat(biases), pack)
+            b["o"] = Dense(b["o"], b.pop("ob"), pack)
             biases = [b.pop("gate_b"), b.pop("up_b")]
-            b["gate_up_b"] = None if biases[0] is None else torch.cat(biases)
+            b["gate_up"] = Dense(torch.cat([b.pop("gate"), b.pop("up")]),
+                                 None if biases[0] is None else torch.cat(biases), pack)
+            b["down"] = Dense(b["down"], b.pop("down_b"), pack)
         self.norm = w.take("norm.weight", (hidden,))
         w.prefix = ""
         head = w.maybe("lm_head.weight", (self.vocab_size, hidden),
                        optional=bool(config.get("tie_word_embeddings", False)))
-        self.lm_head = self.embed if head is None else head
+        self.lm_head = Dense(self.embed if head is None else head, None, pack)
         w.finish(ignore=("rotary_emb.inv_freq",))
         self._qkv_split = [q_out, kv_out, kv_out]
         inv_freq, _ = _rope_inv_freq(config, self.head_dim)
@@ -258,7 +264,7 @@ class LlamaDecoder(_Decoder):
         cos, sin = self._rope(batch.positions)
         for i, b in enumerate(self.blocks):
             h = _rms_norm(x, b["ln1"], self.eps)
-            q, k, v = F.linear(h, b["qkv"], b["qkv_b"]).split(self._qkv_split, dim=-1)
+            q, k, v = b["qkv"](h).split(self._qkv_split, dim=-1)
             q = q.reshape(t, self.heads, self.head_dim)
             k = k.reshape(t, self.kv_heads, self.head_dim)
             v = v.reshape(t, self.kv_heads, self.head_dim)
@@ -268,18 +274,18 @@ class LlamaDecoder(_Decoder):
             keys.index_copy_(0, batch.slots, k)
             values.index_copy_(0, batch.slots, v)
             attn = paged_attention(q, keys, values, batch, self.window)
-            x = x + F.linear(attn.reshape(t, -1), b["o"], b["ob"])
+            x = x + b["o"](attn.reshape(t, -1))
             h = _rms_norm(x, b["ln2"], self.eps)
-            gate, up = F.linear(h, b["gate_up"], b["gate_up_b"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, b["down"], b["down_b"])
-        return F.linear(_rms_norm(x[batch.logits_index], self.norm, self.eps), self.lm_head)
+            gate, up = b["gate_up"](h).chunk(2, dim=-1)
+            x = x + b["down"](F.silu(gate) * up)
+        return self.lm_head(_rms_norm(x[batch.logits_index], self.norm, self.eps))
 
 
 class GPT2Decoder(_Decoder):
     """GPT-2 (pre-norm LayerNorm blocks, learned positions, GELU tanh, tied output)."""
 
     def __init__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, pack: bool = True) -> None:
         super().__init__(config, dtype, device)
         hidden, self.layers = self._positive("n_embd"), self._positive("n_layer")
         self.heads = self.kv_heads = self._positive("n_head")
@@ -306,20 +312,20 @@ class GPT2Decoder(_Decoder):
             self.blocks.append({
                 "ln1_w": w.take(p + "ln_1.weight", (hidden,)), "ln1_b": w.take(p + "ln_1.bias", (hidden,)),
                 # Conv1D stores [in, out]: transposed once here for F.linear
-                "qkv": w.take(p + "attn.c_attn.weight", (hidden, 3 * hidden)).t().contiguous(),
-                "qkv_b": w.take(p + "attn.c_attn.bias", (3 * hidden,)),
-                "o": w.take(p + "attn.c_proj.weight", (hidden, hidden)).t().contiguous(),
-                "o_b": w.take(p + "attn.c_proj.bias", (hidden,)),
+                "qkv": Dense(w.take(p + "attn.c_attn.weight", (hidden, 3 * hidden)).t().contiguous(),
+                             w.take(p + "attn.c_attn.bias", (3 * hidden,)), pack),
+                "o": Dense(w.take(p + "attn.c_proj.weight", (hidden, hidden)).t().contiguous(),
+                           w.take(p + "attn.c_proj.bias", (hidden,)), pack),
                 "ln2_w": w.take(p + "ln_2.weight", (hidden,)), "ln2_b": w.take(p + "ln_2.bias", (hidden,)),
-                "fc": w.take(p + "mlp.c_fc.weight", (hidden, inner)).t().contiguous(),
-                "fc_b": w.take(p + "mlp.c_fc.bias", (inner,)),
-                "proj": w.take(p + "mlp.c_proj.weight", (inner, hidden)).t().contiguous(),
-                "proj_b": w.take(p + "mlp.c_proj.bias", (hidden,)),
+                "fc": Dense(w.take(p + "mlp.c_fc.weight", (hidden, inner)).t().contiguous(),
+                            w.take(p + "mlp.c_fc.bias", (inner,)), pack),
+                "proj": Dense(w.take(p + "mlp.c_proj.weight", (inner, hidden)).t().contiguous(),
+                              w.take(p + "mlp.c_proj.bias", (hidden,)), pack),
             })
         self.ln_f_w, self.ln_f_b = w.take("ln_f.weight", (hidden,)), w.take("ln_f.bias", (hidden,))
         w.prefix = ""
         head = w.maybe("lm_head.weight", (self.vocab_size, hidden), optional=True)
-        self.lm_head = self.wte if head is None else head
+        self.lm_head = Dense(self.wte if head is None else head, None, pack)
         w.finish(ignore=(".attn.bias", ".attn.masked_bias"))
         self.hidden = hidden
 
@@ -329,14 +335,13 @@ class GPT2Decoder(_Decoder):
         t, hd = x.shape[0], (self.hidden,)
         for i, b in enumerate(self.blocks):
             h = F.layer_norm(x, hd, b["ln1_w"], b["ln1_b"], self.eps)
-            q, k, v = F.linear(h, b["qkv"], b["qkv_b"]).view(t, 3, self.heads, self.head_dim).unbind(1)
+            q, k, v = b["qkv"](h).view(t, 3, self.heads, self.head_dim).unbind(1)
             keys, values = cache.keys[i], cache.values[i]
             keys.index_copy_(0, batch.slots, k)
             values.index_copy_(0, batch.slots, v)
             attn = paged_attention(q, keys, values, batch, self.window)
-            x = x + F.linear(attn.reshape(t, -1), b["o"], b["o_b"])
+            x = x + b["o"](attn.reshape(t, -1))
             h = F.layer_norm(x, hd, b["ln2_w"], b["ln2_b"], self.eps)
-            x = x + F.linear(F.gelu(F.linear(h, b["fc"], b["fc_b"]), approximate=self.approximate),
-                             b["proj"], b["proj_b"])
+            x = x + b["proj"](F.gelu(b["fc"](h), approximate=self.approximate))
         x = F.layer_norm(x[batch.logits_index], hd, self.ln_f_w, self.ln_f_b, self.eps)
-        return F.linear(x, self.lm_head)
+        return self.lm_head(x)

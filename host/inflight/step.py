@@ -40,6 +40,10 @@ class StepBatch:
     decode_blocks: torch.Tensor  # [B] int64 block ids
     decode_block_segment: torch.Tensor  # [B] int64 in 0..num_decode-1
     decode_block_empty: torch.Tensor  # [B, tokens_per_block] bool: slots past the last token
+    # the same for the compiled decode kernel: decode token i's blocks are
+    # decode_blocks[decode_starts[i]:decode_starts[i + 1]], and it attends over decode_lengths[i]
+    decode_starts: torch.Tensor  # [num_decode + 1] int64
+    decode_lengths: torch.Tensor  # [num_decode] int64
     contexts: list[ContextChunk]
     logits_index: torch.Tensor  # [R] rows whose logits the step needs
     # per scheduled sequence: (first logits row, number of logits rows) in the model's output
@@ -53,7 +57,8 @@ class StepBatch:
         """The same batch with its tensors on `device` (built on the CPU, run where the model is)."""
         moved = {name: getattr(self, name).to(device, non_blocking=True)
                  for name in ("input_ids", "positions", "slots", "decode_blocks",
-                              "decode_block_segment", "decode_block_empty", "logits_index")}
+                              "decode_block_segment", "decode_block_empty", "decode_starts",
+                         "decode_lengths", "logits_index")}
         contexts = [ContextChunk(c.start, c.length, c.offset, c.kv_slots.to(device),
                                  None if c.mask is None else c.mask.to(device)) for c in self.contexts]
         return StepBatch(tokens_per_block=self.tokens_per_block, num_decode=self.num_decode,
@@ -106,6 +111,8 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     writes: list[int] = []
     dec_blocks: list[int] = []
     dec_segment: list[int] = []
+    dec_starts: list[int] = [0]
+    dec_lengths: list[int] = []
     logits_index: list[int] = []
     logits_rows: list[tuple[int, int]] = []
     bs = tokens_per_block
@@ -117,6 +124,8 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
     # the hot loop of the host path: bound methods, one divmod per request
     add_id, add_pos, add_write = ids.append, pos.append, writes.append
     add_blocks, add_segment = dec_blocks.extend, dec_segment.extend
+    add_start, add_length = dec_starts.append, dec_lengths.append
+    first_block = 0
     for i, seq in enumerate(decode):
         n = seq.num_cached
         table = seq.block_table
@@ -126,6 +135,9 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         add_write(table[full] * bs + offset)
         add_blocks(table[:full + 1])
         add_segment([i] * (full + 1))
+        first_block += full + 1
+        add_start(first_block)
+        add_length(n + 1)
         empty += full_row * full
         empty += last_rows[offset + 1]
     logits_index.extend(range(len(decode)))
@@ -162,12 +174,14 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
             logits_rows.append((len(logits_index), 0))
         row += n
     # one tensor for every integer list (a tensor per list costs more than the packing)
-    sizes = [len(ids), len(pos), len(writes), len(dec_blocks), len(dec_segment), len(logits_index),
-             *kv_sizes]
+    sizes = [len(ids), len(pos), len(writes), len(dec_blocks), len(dec_segment), len(dec_starts),
+             len(dec_lengths), len(logits_index), *kv_sizes]
     flat = torch.frombuffer(  # through array.array: twice as fast as torch.tensor(list)
-        array.array("q", ids + pos + writes + dec_blocks + dec_segment + logits_index + kv_parts),
+        array.array("q", ids + pos + writes + dec_blocks + dec_segment + dec_starts + dec_lengths
+                    + logits_index + kv_parts),
         dtype=torch.int64)
-    input_ids, positions, slots, blocks, segment, logits_at, *kv_slots = flat.split_with_sizes(sizes)
+    (input_ids, positions, slots, blocks, segment, starts, lengths, logits_at,
+     *kv_slots) = flat.split_with_sizes(sizes)
     contexts = [ContextChunk(at, n, start, kv, mask)
                 for (at, n, start, mask), kv in zip(chunks, kv_slots)]
     return StepBatch(
@@ -180,6 +194,8 @@ def build_step(decode: list[Sequence], context: list[tuple[Sequence, int]],
         decode_block_segment=segment,
         decode_block_empty=(torch.frombuffer(empty, dtype=torch.bool).view(-1, bs) if empty
                             else torch.zeros((0, bs), dtype=torch.bool)),
+        decode_starts=starts,
+        decode_lengths=lengths,
         contexts=contexts,
         logits_index=logits_at,
         logits_rows=logits_rows,
