@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from host.inflight.attention import paged_attention
 from host.inflight.linear import Dense
+from host.inflight.model import inference
 
 if TYPE_CHECKING:
     from host.inflight.kv_cache import KVCache
@@ -257,7 +258,7 @@ class LlamaDecoder(_Decoder):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
 
-    @torch.inference_mode()
+    @inference
     def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         x = F.embedding(batch.input_ids, self.embed)
         t = x.shape[0]
@@ -329,7 +330,7 @@ class GPT2Decoder(_Decoder):
         w.finish(ignore=(".attn.bias", ".attn.masked_bias"))
         self.hidden = hidden
 
-    @torch.inference_mode()
+    @inference
     def forward(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         x = F.embedding(batch.input_ids, self.wte) + F.embedding(batch.positions, self.wpe)
         t, hd = x.shape[0], (self.hidden,)

@@ -167,12 +167,13 @@ class BatchManager:
     # --- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while True:
-                if not self.step():
-                    if self._shutdown and not self.active and not self.waiting:
-                        return
-                    self._wake.wait(self.idle_wait_s)
-                    self._wake.clear()
+            with torch.inference_mode():  # once for the thread: the forward pass then skips it
+                while True:
+                    if not self.step():
+                        if self._shutdown and not self.active and not self.waiting:
+                            return
+                        self._wake.wait(self.idle_wait_s)
+                        self._wake.clear()
         except BaseException as exc:  # a bug: fail what is in flight rather than hang clients
             log.exception("batch manager loop failed")
             self.error = exc
