@@ -77,7 +77,7 @@ setup(
         # Decode attention over the paged KV cache, float32 on the CPU (host/inflight/attention.py):
         # -fopenmp-simd vectorizes its marked loops without OpenMP's runtime.
         Extension("host.inflight._attention", sources=["host/inflight/_attention.c"],
-                  extra_compile_args=["-std=gnu11", "-O3", "-fopenmp-simd"], libraries=["m"],
+                  extra_compile_args=["-std=gnu11", "-O3", "-fopenmp-simd"], libraries=["m", "pthread"],
                   optional=True),
     ]
 )

@@ -363,6 +363,45 @@ def test_compiled_decode_attention_matches(kv_heads, window, dim):
     assert not attention.compiled_applies(q.double(), keys.double(), values.double())
 
 
+def test_compiled_decode_attention_threads():
+    """With several intra-op threads and enough work, the kernel splits the requests between
+    threads (parts of about equal tokens); the result is the single-threaded one, exactly."""
+    from host.inflight import attention
+    from host.inflight.request import Phase, Sequence
+    from host.inflight.step import build_step
+
+    rng = random.Random(9)
+    bs, heads, kv_heads, dim = 16, 8, 2, 32
+    seqs, used = [], 0
+    for i in range(24):  # 24 requests of 1-700 tokens: well over the kernel's threshold
+        length = rng.randint(1, 700)
+        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
+        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
+        blocks = -(-length // bs)
+        seq.block_table = rng.sample(range(used, used + blocks + 1), blocks)
+        used += blocks + 1
+        seqs.append(seq)
+    batch = build_step(seqs, [], bs)
+    gen = torch.Generator().manual_seed(2)
+    keys = torch.randn(used * bs, kv_heads, dim, generator=gen)
+    values = torch.randn(used * bs, kv_heads, dim, generator=gen)
+    q = torch.randn(len(seqs), heads, dim, generator=gen)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3, 7):
+            torch.set_num_threads(threads)
+            out = torch.empty(len(seqs), heads, dim)
+            attention.compiled_decode_attention(q, keys, values, batch, 300, out)
+            results.append(out)
+    finally:
+        torch.set_num_threads(before)
+    for out in results[1:]:
+        assert torch.equal(out, results[0])
+    torch.testing.assert_close(results[0], attention.decode_attention(q, keys, values, batch, 300),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [0, 1, 3, 17, 40])
 @pytest.mark.parametrize("bias", [True, False])
 def test_dense_layers_compute_f_linear(rows, bias, monkeypatch):

@@ -10,11 +10,13 @@
  * with a two-pass softmax over a per-call buffer of scores.
  *
  * The caller (attention.py) checks dtypes, shapes and contiguity; the functions here trust them.
- * The GIL is released while they run.
+ * The GIL is released while they run. With several intra-op threads (PyTorch's setting, passed
+ * in) and enough work, threads share the requests.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +41,11 @@ typedef struct {
   float scale;
 } decode_args;
 
-CLONES static void decode(const decode_args* a, float* scores, float* acc) {
+/* Requests begin .. end-1; scores: heads x (longest length) floats, acc: heads x dim. */
+CLONES static void decode(const decode_args* a, int64_t begin, int64_t end, float* scores, float* acc) {
   const int64_t heads = a->heads, group = heads / a->kv_heads, dim = a->dim, bs = a->block_size;
   const int64_t row = a->kv_heads * dim; /* floats per slot: every KV head's, side by side */
-  for (int64_t i = 0; i < a->n; i++) {
+  for (int64_t i = begin; i < end; i++) {
     const int64_t len = a->lengths[i];
     const int64_t first = (a->window > 0 && len > a->window) ? len - a->window : 0;
     const int64_t count = len - first;
@@ -90,11 +93,52 @@ CLONES static void decode(const decode_args* a, float* scores, float* acc) {
 
 static void* pointer(PyObject* value) { return PyLong_AsVoidPtr(value); }
 
+/* Several threads (the caller's intra-op thread count) split the requests when there is enough
+ * work to pay for starting them: parts of about equal tokens, one per thread. */
+#define MIN_WORK_PER_THREAD 32768 /* token x query-head pairs */
+
+typedef struct {
+  const decode_args* args;
+  int64_t begin, end;
+  float *scores, *acc;
+} part_t;
+
+static void* run_part(void* p) {
+  part_t* part = p;
+  decode(part->args, part->begin, part->end, part->scores, part->acc);
+  return NULL;
+}
+
+static void decode_parallel(const decode_args* a, int threads, int64_t longest, float* buffer) {
+  part_t parts[64];
+  pthread_t ids[64];
+  int started[64] = {0};
+  const int64_t per = a->heads * longest + a->heads * a->dim;
+  int64_t total = 0, done = 0, at = 0;
+  for (int64_t i = 0; i < a->n; i++) total += a->lengths[i];
+  for (int k = 0; k < threads; k++) {
+    const int64_t goal = total * (k + 1) / threads;
+    const int64_t begin = at;
+    while (at < a->n && (done < goal || at == begin)) done += a->lengths[at++];
+    if (k == threads - 1) at = a->n;
+    parts[k] = (part_t){a, begin, at, buffer + k * per, buffer + k * per + a->heads * longest};
+  }
+  for (int k = 0; k < threads - 1; k++)
+    if (parts[k].begin < parts[k].end)
+      started[k] = pthread_create(&ids[k], NULL, run_part, &parts[k]) == 0;
+  for (int k = 0; k < threads - 1; k++)
+    if (!started[k] && parts[k].begin < parts[k].end) run_part(&parts[k]); /* could not start one */
+  run_part(&parts[threads - 1]);
+  for (int k = 0; k < threads - 1; k++)
+    if (started[k]) pthread_join(ids[k], NULL);
+}
+
 /* decode(q, keys, values, out, blocks, starts, lengths, n, heads, kv_heads, dim, block_size,
- *        window, scale): the data pointers of contiguous float32 / int64 tensors, then sizes. */
+ *        window, scale, threads): the data pointers of contiguous float32 / int64 tensors, then
+ * sizes, the softmax scale and how many threads may share the work. */
 static PyObject* py_decode(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 14) {
-    PyErr_SetString(PyExc_TypeError, "decode() takes 14 arguments");
+  if (nargs != 15) {
+    PyErr_SetString(PyExc_TypeError, "decode() takes 15 arguments");
     return NULL;
   }
   decode_args a;
@@ -108,6 +152,7 @@ static PyObject* py_decode(PyObject* self, PyObject* const* args, Py_ssize_t nar
   int64_t* sizes[] = {&a.n, &a.heads, &a.kv_heads, &a.dim, &a.block_size, &a.window};
   for (int i = 0; i < 6; i++) *sizes[i] = PyLong_AsLongLong(args[7 + i]);
   a.scale = (float)PyFloat_AsDouble(args[13]);
+  long threads = PyLong_AsLong(args[14]);
   if (PyErr_Occurred()) return NULL;
   if (a.n < 0 || a.kv_heads <= 0 || a.heads % a.kv_heads || a.dim <= 0 || a.block_size <= 0) {
     PyErr_SetString(PyExc_ValueError, "decode(): bad sizes");
@@ -121,16 +166,22 @@ static PyObject* py_decode(PyObject* self, PyObject* const* args, Py_ssize_t nar
     }
     longest = a.lengths[i] > longest ? a.lengths[i] : longest;
   }
-  float* scores = malloc((size_t)(a.heads * (longest ? longest : 1)) * sizeof(float));
-  float* acc = malloc((size_t)(a.heads * a.dim) * sizeof(float));
-  if (!scores || !acc) {
-    free(scores);
-    free(acc);
-    return PyErr_NoMemory();
-  }
-  Py_BEGIN_ALLOW_THREADS decode(&a, scores, acc);
-  Py_END_ALLOW_THREADS free(scores);
-  free(acc);
+  if (longest == 0) longest = 1;
+  int64_t work = 0;
+  for (int64_t i = 0; i < a.n; i++) work += a.lengths[i] * a.heads;
+  if (threads > 64) threads = 64;
+  if (threads > a.n) threads = (long)a.n;
+  if (threads > work / MIN_WORK_PER_THREAD) threads = (long)(work / MIN_WORK_PER_THREAD);
+  if (threads < 1) threads = 1;
+  float* buffer = malloc((size_t)(threads * (a.heads * longest + a.heads * a.dim)) * sizeof(float));
+  if (!buffer) return PyErr_NoMemory();
+  Py_BEGIN_ALLOW_THREADS;
+  if (threads == 1)
+    decode(&a, 0, a.n, buffer, buffer + a.heads * longest);
+  else
+    decode_parallel(&a, (int)threads, longest, buffer);
+  Py_END_ALLOW_THREADS;
+  free(buffer);
   Py_RETURN_NONE;
 }
 

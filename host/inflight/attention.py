@@ -83,7 +83,7 @@ def compiled_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch
     _attention.decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(),
                       blocks.data_ptr(), starts.data_ptr(), lengths.data_ptr(), n, heads,
                       keys.shape[1], dim, batch.tokens_per_block, window or 0,
-                      1.0 / math.sqrt(dim))
+                      1.0 / math.sqrt(dim), torch.get_num_threads())
 
 
 # Up to this many query heads, decode attention multiplies every query head by every KV head of
