@@ -11,7 +11,7 @@ p99 5.9 -> 1.9 ms; docs/performance.md). Python code gains nothing from a second
 
 So those threads share one CPU (`pin`), and what computes outside the GIL stays free: a model's
 execute widens its thread to every CPU for the call (`widen`) when the model's last execute took
-LONG_EXECUTE_NS or more (native code, ONNX Runtime, torch, a python model calling torch: they may
+LONG_EXECUTE_NS (1 ms) or more (native code, ONNX Runtime, torch, a python model calling torch: they may
 use other cores; at that length a move between CPUs costs little) and for its first execute (so
 that a pool started lazily, as torch starts its own, gets every CPU); model loads run wide
 (threads a load starts, such as ONNX Runtime's pools, inherit that); python stub processes,
@@ -31,8 +31,12 @@ log = logging.getLogger(__name__)
 
 # An execute that took at least this long widens its thread next time: for a shorter one, moving
 # the thread to another CPU and back costs more than it can win (measured with the native
-# identity, a few us per call: 89 us of server CPU per request pinned, 110 us widened).
-LONG_EXECUTE_NS = 200_000
+# identity, a few us per call: 89 us of server CPU per request pinned, 110 us widened). Not
+# lower: on a slower VM (AMD EPYC, 2026-11-27) a python model that answers at once took 150-240 us
+# of wall time, and once widened it stayed above 200 us (moved between CPUs, caches cold, the
+# GIL handed across), so at a 200 us threshold it could stay wide for good. An execute of 1 ms
+# or more pays for a move between CPUs (tens of us) with a few percent.
+LONG_EXECUTE_NS = 1_000_000
 
 _cpu: frozenset[int] | None = None  # where pinned threads run; None: pinning is off
 _wide: frozenset[int] = frozenset()  # the CPUs the process could use when configured

@@ -31,6 +31,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if ! have_azurite && command -v npm >/dev/null 2>&1; then
     echo "installing azurite (npm) into $AZURITE_DIR" >&2
+    # Node trusts only its own CA list: behind a TLS-intercepting proxy (whose CA the system
+    # bundle holds, as on this project's machines) npm fails with SELF_SIGNED_CERT_IN_CHAIN.
+    # The system bundle is added to Node's list, not put in its place.
+    bundle="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}"
+    if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -f "$bundle" ]; then export NODE_EXTRA_CA_CERTS="$bundle"; fi
     npm install --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error azurite@3 >&2 \
         || echo "warning: could not install azurite; the as:// repository tests are skipped" >&2
 fi
