@@ -287,25 +287,33 @@ def test_end_id_stops_generation(model, one_at_a_time):
     assert generated(stopped, outputs[2]) == free_run[:free_run.index(end) + 1]
 
 
+def decoding(rng: random.Random, lengths: list[int], bs: int, spare: int):
+    """Sequences in generation with `lengths` tokens each (the last one not yet cached), their
+    blocks drawn out of order with `spare` unused blocks after each; and the pool's size in
+    blocks."""
+    from host.inflight.request import Phase, Sequence
+
+    seqs, used = [], 0
+    for i, length in enumerate(lengths):
+        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
+        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
+        blocks = -(-length // bs)
+        seq.block_table = rng.sample(range(used, used + blocks + spare), blocks)
+        used += blocks + spare
+        seqs.append(seq)
+    return seqs, used
+
+
 @pytest.mark.parametrize("kv_heads,window", [(2, None), (4, 20), (1, None)])
 def test_decode_attention_paths_agree(kv_heads, window, monkeypatch):
     """Decode attention's two ways of forming the products (every query head x every KV head of a
     block, kept on the diagonal, for few query heads; head-major copies for many) give the same
     values, the last block's empty slots and a window masked alike."""
     from host.inflight import attention
-    from host.inflight.request import Phase, Sequence
     from host.inflight.step import build_step
 
-    rng = random.Random(3)
     bs, heads, dim = 4, 8, 16
-    seqs, used = [], 0
-    for i, length in enumerate([1, 4, 5, 23, 40]):
-        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
-        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
-        blocks = -(-length // bs)
-        seq.block_table = rng.sample(range(used, used + blocks + 2), blocks)
-        used += blocks + 2
-        seqs.append(seq)
+    seqs, used = decoding(random.Random(3), [1, 4, 5, 23, 40], bs, 2)
     batch = build_step(seqs, [], bs)
     gen = torch.Generator().manual_seed(0)
     keys = torch.randn(used * bs, kv_heads, dim, generator=gen, dtype=torch.float64)
@@ -333,20 +341,11 @@ def test_compiled_decode_attention_matches(kv_heads, window, dim):
     gives, for grouped, multi- and single-KV-head layouts, a window, blocks out of order and
     requests from one token to several blocks; it writes the decode rows only."""
     from host.inflight import attention
-    from host.inflight.request import Phase, Sequence
     from host.inflight.step import build_step
 
     assert attention._attention is not None, "the kernel is compiled wherever the tests run"
-    rng = random.Random(5)
     bs, heads = 4, 8
-    seqs, used = [], 0
-    for i, length in enumerate([1, 3, 4, 5, 23, 61]):
-        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
-        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
-        blocks = -(-length // bs)
-        seq.block_table = rng.sample(range(used, used + blocks + 3), blocks)
-        used += blocks + 3
-        seqs.append(seq)
+    seqs, used = decoding(random.Random(5), [1, 3, 4, 5, 23, 61], bs, 3)
     batch = build_step(seqs, [], bs)
     assert batch.decode_lengths.tolist() == [1, 3, 4, 5, 23, 61]
     gen = torch.Generator().manual_seed(1)
@@ -367,20 +366,12 @@ def test_compiled_decode_attention_threads():
     """With several intra-op threads and enough work, the kernel splits the requests between
     threads (parts of about equal tokens); the result is the single-threaded one, exactly."""
     from host.inflight import attention
-    from host.inflight.request import Phase, Sequence
     from host.inflight.step import build_step
 
     rng = random.Random(9)
     bs, heads, kv_heads, dim = 16, 8, 2, 32
-    seqs, used = [], 0
-    for i in range(24):  # 24 requests of 1-700 tokens: well over the kernel's threshold
-        length = rng.randint(1, 700)
-        seq = Sequence(GenerationRequest(i, [rng.randrange(VOCAB) for _ in range(length)], 4))
-        seq.num_cached, seq.phase = length - 1, Phase.GENERATION
-        blocks = -(-length // bs)
-        seq.block_table = rng.sample(range(used, used + blocks + 1), blocks)
-        used += blocks + 1
-        seqs.append(seq)
+    # 24 requests of 1-700 tokens: well over the kernel's threshold for a second thread
+    seqs, used = decoding(rng, [rng.randint(1, 700) for _ in range(24)], bs, 1)
     batch = build_step(seqs, [], bs)
     gen = torch.Generator().manual_seed(2)
     keys = torch.randn(used * bs, kv_heads, dim, generator=gen)
