@@ -58,7 +58,7 @@ class StepBatch:
         moved = {name: getattr(self, name).to(device, non_blocking=True)
                  for name in ("input_ids", "positions", "slots", "decode_blocks",
                               "decode_block_segment", "decode_block_empty", "decode_starts",
-                         "decode_lengths", "logits_index")}
+                              "decode_lengths", "logits_index")}
         contexts = [ContextChunk(c.start, c.length, c.offset, c.kv_slots.to(device),
                                  None if c.mask is None else c.mask.to(device)) for c in self.contexts]
         return StepBatch(tokens_per_block=self.tokens_per_block, num_decode=self.num_decode,
