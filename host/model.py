@@ -104,7 +104,10 @@ class ModelVersion:
         self.wide_execute = True
         self.stages: Stages | None = None  # the request stages, made on the first request
         self._inflight = 0
-        self._cond = threading.Condition()
+        # The condition's own lock, taken directly on the request path: `with self._lock` is one C
+        # call, `with self._cond` a Python-level __enter__ and __exit__ per request.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         spec.report_failure = self.fail
         self.tracing = False  # set once a request of this model was sampled (host.trace)
         self.load_duration_secs = 0.0  # how long `load` took (nv_model_load_duration_secs)
@@ -323,7 +326,7 @@ class ModelVersion:
 
     # --- requests ----------------------------------------------------------------------------
     def begin_request(self) -> None:
-        with self._cond:
+        with self._lock:
             if self.state != READY:
                 raise UnavailableError(
                     f"Request for unknown model: '{self.name}' version {self.version} is not at ready state"
@@ -332,7 +335,7 @@ class ModelVersion:
             self._inflight += 1
 
     def end_request(self) -> None:
-        with self._cond:
+        with self._lock:
             self._inflight -= 1
             if self._inflight == 0 and self.state == UNLOADING:
                 self._cond.notify_all()

@@ -28,12 +28,15 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from host import affinity, bls, supervise
+from host.backend import Instance
 from host.errors import CancelledError, HostError, InternalError
 from host.inference import InferenceRequest, InferenceResponse, ResponseCallback
 from host.queue_policy import RequestQueue, timeout_expired
 
+_UNREPORTED = Instance.reported_statistics  # the base class's: the host times the execute
+
 if TYPE_CHECKING:
-    from host.backend import BatchStrategy, Instance, InstanceSpec
+    from host.backend import BatchStrategy, InstanceSpec
     from host.model import ModelVersion
     from host.proto.model_config_pb2 import ModelDynamicBatching
 
@@ -164,8 +167,10 @@ def _execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[I
             if r.trace is not None:
                 r.trace.compute(start, called, returned)
     # A backend's own figures win (native backends); getattr: duck-typed instances may lack it.
+    # Instances that keep the base class's method (None: the host times it) are not called.
     report = getattr(slot.instance, "reported_statistics", None)
-    reported = report() if report is not None else None
+    reported = report() if report is not None and \
+        getattr(report, "__func__", None) is not _UNREPORTED else None
     if reported is not None:
         input_ns, infer_ns = reported[0], reported[1]
     counted = len(requests) - padding
@@ -187,12 +192,14 @@ def _execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[I
             for request, response in zip(requests, responses):
                 if not request.completed:
                     request.respond(response, True)
-    if not model.decoupled and not all(r.completed or r.rescheduled or r.factory_held
-                                       for r in requests):
-        # Not those run again (iterative sequences), nor those a native backend may still
-        # answer through its response factory.
-        _fail([r for r in requests if not r.rescheduled and not r.factory_held],
-              InternalError(f"model '{model.name}' sent no response for the request"))
+    if not model.decoupled:
+        for r in requests:  # a loop, not all() over a generator: this runs for every execute
+            if not (r.completed or r.rescheduled or r.factory_held):
+                # Not those run again (iterative sequences), nor those a native backend may
+                # still answer through its response factory.
+                _fail([r for r in requests if not r.rescheduled and not r.factory_held],
+                      InternalError(f"model '{model.name}' sent no response for the request"))
+                break
     model.stats.output_done(counted, rows,
                             reported[2] if reported is not None else time.perf_counter_ns() - handing)
 

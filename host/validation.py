@@ -177,7 +177,10 @@ _IMPLICIT_BATCH_NOTE = (
 def _matches(dims: tuple[int, ...], shape: list[int]) -> bool:
     if len(dims) != len(shape):
         return False
-    return all(d == -1 or d == s for d, s in zip(dims, shape))
+    for d, s in zip(dims, shape):  # a loop, not all() over a generator: it runs per input
+        if d != s and d != -1:
+            return False
+    return True
 
 
 def _shape(shape) -> str:

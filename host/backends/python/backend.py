@@ -62,6 +62,7 @@ import threading
 import traceback
 import types
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -617,14 +618,19 @@ class _Readiness:
 
 
 class _RequestState:
-    """One request in one execute: its host request, the model-facing wrapper and its sender."""
+    """One request in one execute: its host request and the model-facing wrapper, whose sender
+    is made when someone first asks for it (most models return their responses instead)."""
+
+    __slots__ = ("instance", "request", "pb_request")
 
     def __init__(self, instance: PythonInstance, request: HostRequest) -> None:
         self.instance = instance
         self.request = request
-        self.sender = pb_utils.InferenceResponseSender(
-            instance.decoupled, _emitter(instance, request), request.is_cancelled)
-        self.pb_request = instance._wrap_request(request, self.sender)
+        self.pb_request = instance._wrap_request(request)
+
+    @property
+    def sender(self) -> pb_utils.InferenceResponseSender:
+        return self.pb_request._response_sender()  # type: ignore[return-value]
 
     def fail(self, message: str) -> None:
         """Send an error as the final response unless a final response went out already.
@@ -632,8 +638,9 @@ class _RequestState:
         A non-decoupled request whose one response was sent (not final yet) keeps it: Triton
         delivers that response when it is sent, and its front ends drop what comes after the
         first response of such a request (the error response included)."""
-        if self.sender._close():
-            pending, self.sender._pending = self.sender._pending, None
+        sender = self.sender
+        if sender._close():
+            pending, sender._pending = sender._pending, None
             if pending is not None:
                 log.warning("request '%s' of model '%s' already has its response; dropped the "
                             "error that followed: %s", self.request.id, self.instance.name, message)
@@ -642,15 +649,17 @@ class _RequestState:
             self.request.respond(self.instance._error_response(InternalError(message), self.request), True)
 
 
-def _emitter(instance: PythonInstance, request: HostRequest):
-    """The sender's way out. Not a method of _RequestState: the state holds the sender, and a
-    sender holding the state back would be a reference cycle per request, left to the garbage
-    collector (pauses of several milliseconds under load) instead of reference counting."""
+def _make_sender(instance: PythonInstance, request: HostRequest) -> pb_utils.InferenceResponseSender:
+    """A request's sender (bound with functools.partial, made on first use). Its way out is a
+    closure over the instance and the request, not the request state: the state holds the
+    wrapper that holds the sender, and a sender holding the state back would be a reference
+    cycle per request, left to the garbage collector (pauses of several milliseconds under load)
+    instead of reference counting."""
 
     def emit(response: pb_utils.InferenceResponse | None, final: bool) -> None:
         request.respond(None if response is None else instance._convert(response, request), final)
 
-    return emit
+    return pb_utils.InferenceResponseSender(instance.decoupled, emit, request.is_cancelled)
 
 
 class PythonInstance(Instance):
@@ -733,7 +742,7 @@ class PythonInstance(Instance):
         token = pb_utils._ACTIVE.set(self.ctx)
         try:
             result = fn()
-            if asyncio.iscoroutine(result):
+            if type(result) is not list and asyncio.iscoroutine(result):
                 result = self._run_coroutine(result)
         except Exception as exc:  # noqa: BLE001 - the model's failure means "not ready"
             return False, _exception_text(exc, self.ctx.model_dir)
@@ -759,7 +768,7 @@ class PythonInstance(Instance):
                     result = execute(pb_requests)
             finally:
                 pb_utils._ACTIVE.reset(token)
-            if asyncio.iscoroutine(result):
+            if type(result) is not list and asyncio.iscoroutine(result):
                 if self.decoupled:
                     self._run_in_background(result, states)
                     return None
@@ -813,19 +822,30 @@ class PythonInstance(Instance):
                 f"objects. InferenceRequest(s) size is:{len(states)}, and InferenceResponse(s) "
                 f"size is:{len(result)}\n")
         reschedule = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        fast = True  # every request answered by the return value, no sender used
         for response, s in zip(result, states):
-            if response is not None and s.pb_request._release_flags == reschedule:
+            pb = s.pb_request
+            if response is None:
+                fast = False
+                continue
+            if pb._release_flags == reschedule:
                 raise _StubError(
                     "Expected a None object in the execute function return list for reschduled "
                     f"request, found type '{type(response)}'.")  # (Triton's spelling)
-            if response is not None and not isinstance(response, pb_utils.InferenceResponse):
+            if type(response) is not pb_utils.InferenceResponse \
+                    and not isinstance(response, pb_utils.InferenceResponse):
                 raise _StubError(
                     "Expected an 'InferenceResponse' object in the execute function return list, "
                     f"found type '{type(response)}'.")
-        # Fast path: every request answered by the return value, no sender used.
-        if all(r is not None for r in result) and not any(s.sender._sent for s in states):
+            if pb._sender is not None and pb._sender._sent:
+                fast = False
+        if fast:
             for s in states:
-                s.sender._close()
+                pb = s.pb_request
+                if pb._sender is None:
+                    pb._sender_closed = True  # a sender asked for later comes closed
+                else:
+                    pb._sender._close()
             # a padding row's response goes nowhere: not converted (most rows of a direct
             # sequence batch are padding)
             return [_DROPPED if s.request.padding else self._convert(r, s.request)
@@ -898,11 +918,12 @@ class PythonInstance(Instance):
         finally:
             pb_utils._ACTIVE.reset(token)
 
-    def _wrap_request(self, request: HostRequest, sender: pb_utils.InferenceResponseSender
-                      ) -> pb_utils.InferenceRequest:
-        inputs = [pb_utils.Tensor._wrap(name, t.datatype, _on_host(t.data))
+    def _wrap_request(self, request: HostRequest) -> pb_utils.InferenceRequest:
+        wrap = pb_utils.Tensor._wrap
+        inputs = [wrap(name, t.datatype, t.data if type(t.data) is np.ndarray else _on_host(t.data))
                   for name, t in request.inputs.items()]
-        requested = request.requested_output_names or self.model.output_names
+        outputs = request.outputs
+        requested = [o.name for o in outputs] if outputs else list(self.model.output_names)
         flags = 0
         if request.sequence_start:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -910,12 +931,13 @@ class PythonInstance(Instance):
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
         # Reserved parameters were moved into request fields by the host (host.parameters).
         params = request.parameters
+        spec = self.model.spec
         return pb_utils.InferenceRequest._incoming(
             request_id=request.id, correlation_id=request.sequence_id, inputs=inputs,
-            requested_output_names=list(requested), model_name=self.model.spec.name,
-            model_version=self.model.spec.version, flags=flags, timeout=request.timeout_us,
+            requested_output_names=requested, model_name=spec.name,
+            model_version=spec.version, flags=flags, timeout=request.timeout_us,
             parameters=json.dumps(params, default=str) if params else "{}",
-            cancelled=request.is_cancelled, sender=sender)
+            cancelled=request.is_cancelled, make_sender=partial(_make_sender, self, request))
 
     def _base_response(self, request: HostRequest) -> HostResponse:
         return HostResponse(model_name=self.model.spec.name,
@@ -928,26 +950,29 @@ class PythonInstance(Instance):
 
     def _convert(self, response: pb_utils.InferenceResponse, request: HostRequest) -> HostResponse:
         """A model's pb_utils.InferenceResponse as the host's response (an error response if invalid)."""
-        if response.has_error():
-            err: Any = response.error()
+        err: Any = response._err
+        if err is not None:
             error = error_for(_host_code(err.code()), err.message())
             # Triton's python backend reports a request that got an error response, rather
             # than an exception from execute, as a success in its statistics (checked on 2.51)
             error.counted_as_success = True  # type: ignore[attr-defined]
             return self._error_response(error, request)
-        host = self._base_response(request)
-        raw = response.parameters()
+        spec = self.model.spec
+        host = HostResponse(spec.name, str(spec.version), request.id, [])
+        raw = response._parameters
         if raw and raw != "{}":  # most responses carry none: skip the JSON parse
             try:
                 host.parameters = json.loads(raw)
             except ValueError:
                 pass
-        requested = set(request.requested_output_names)
+        outputs = request.outputs
+        requested = {o.name for o in outputs} if outputs else None
         # Implicit state: an output named after a state is kept for the sequence batcher.
         states = request.sequence_states.by_output if request.sequence_states is not None else ()
-        for tensor in response.output_tensors():
-            name = tensor.name()
-            if requested and name not in requested and name not in states:
+        tensors = host.outputs
+        for tensor in response._output_tensors:
+            name = tensor._name
+            if requested is not None and name not in requested and name not in states:
                 continue
             # As Triton's python backend: the tensor goes out with its own datatype, whatever
             # the configuration says (its L0_http test_0_dimension_output sends FP64 for STRING).
@@ -955,12 +980,8 @@ class PythonInstance(Instance):
             data = tensor._array
             if datatype == "BYTES":
                 data = pb_utils._as_bytes_object_array(data)
-            host.outputs.append(HostTensor(name=name, datatype=datatype, shape=list(data.shape),
-                                           data=data))
+            tensors.append(HostTensor(name, datatype, list(data.shape), data))
         return host
-
-
-_DROPPED = HostResponse()  # stands for a padding row's response (never delivered, never read)
 
 
 def _on_host(data: Any) -> Any:

@@ -566,11 +566,17 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
+    # The sender of a request the backend made (`_incoming`) is made on first use: most models
+    # answer by returning their responses and never ask for it. `_sender_closed`: the request's
+    # response went out before the model asked for its sender (the sender comes closed).
+    _make_sender: Callable[[], InferenceResponseSender] | None = None
+    _sender_closed = False
+
     @classmethod
     def _incoming(cls, *, request_id: str, correlation_id: int | str, inputs: list[Tensor],
                   requested_output_names: list[str], model_name: str, model_version: int,
                   flags: int, timeout: int, parameters: str, cancelled: Callable[[], bool],
-                  sender: InferenceResponseSender) -> InferenceRequest:
+                  make_sender: Callable[[], InferenceResponseSender]) -> InferenceRequest:
         """A request the backend hands to `execute` (parameters already JSON)."""
         r = cls.__new__(cls)
         r._request_id = request_id
@@ -582,11 +588,21 @@ class InferenceRequest:
         r._flags = flags
         r._timeout = timeout
         r._parameters = parameters
-        r._trace = InferenceTrace()
+        r._trace = None  # made by trace() when a model asks
         r._cancelled = cancelled
-        r._sender = sender
+        r._sender = None
+        r._make_sender = make_sender
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return r
+
+    def _response_sender(self) -> InferenceResponseSender | None:
+        """The request's sender (made now if it was not yet), without marking it taken."""
+        sender = self._sender
+        if sender is None and self._make_sender is not None:
+            sender = self._sender = self._make_sender()
+            if self._sender_closed:
+                sender._closed = True
+        return sender
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -612,18 +628,21 @@ class InferenceRequest:
         return self._parameters
 
     def trace(self) -> InferenceTrace:
+        if self._trace is None:
+            self._trace = InferenceTrace()
         return self._trace
 
     def requested_output_names(self) -> list[str]:
         return self._requested_output_names
 
     def get_response_sender(self) -> InferenceResponseSender:
-        if self._sender is None:
+        sender = self._response_sender()
+        if sender is None:
             raise TritonModelException(
                 "Unable to send response. Response sender has no reference to the decoupled "
                 "state of the model.")
-        self._sender._taken = True
-        return self._sender
+        sender._taken = True
+        return sender
 
     def is_cancelled(self) -> bool:
         return self._cancelled()
