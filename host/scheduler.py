@@ -209,8 +209,9 @@ def _chain(requests: Sequence[InferenceRequest]) -> tuple:
     plus that of each BLS request run here from another thread (a batcher's, a pool's)."""
     chain = bls.HELD.get()
     for r in requests:
-        if r.held:
-            chain = chain + tuple(s for s in r.held if s not in chain)
+        held = r.held
+        if held:
+            chain = chain + tuple(s for s in held if s not in chain)
     return chain
 
 

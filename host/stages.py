@@ -22,8 +22,8 @@ stage functions and one small `Respond` object.
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from _thread import RLock as _RLock  # threading.RLock is a Python function around it
 from typing import TYPE_CHECKING, Any
 
 from host import classification, parameters, raw_input, shm
@@ -142,7 +142,7 @@ class Respond:
         self.stages, self.request, self.callback = stages, request, callback
         # Completion is a test-and-set under this lock: a scheduler failing the request and a
         # backend thread answering it at the same moment deliver one final response, not two.
-        self.lock = threading.RLock()
+        self.lock = _RLock()
         self.probe: Probe | None = None  # the response-cache lookup (host.cache.service)
         outputs = request.outputs
         self.wanted = {o.name for o in outputs} if outputs else None  # None: every output

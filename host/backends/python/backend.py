@@ -984,6 +984,9 @@ class PythonInstance(Instance):
         return host
 
 
+_DROPPED = HostResponse()  # stands for a padding row's response (never delivered, never read)
+
+
 def _on_host(data: Any) -> Any:
     """Python models get inputs in CPU memory, as Triton's python backend gives them by default
     (FORCE_CPU_ONLY_INPUT_TENSORS): a device array (CUDA shared memory) is copied to the host."""

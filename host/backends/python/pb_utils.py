@@ -364,11 +364,12 @@ class Tensor:
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(name, (str, bytes)) or numpy_array is None:
             raise _incompatible("__init__", "Tensor(name: str, numpy_array: numpy.ndarray)")
-        name = _std_string(name)
+        if type(name) is not str:
+            name = _std_string(name)
         if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
-        datatype = _datatype_of_array(array)
+        datatype = _FIXED_BY_DTYPE.get(array.dtype) or _datatype_of_array(array)
         if datatype is None:
             raise TritonModelException(
                 f"Tensor '{name}': NumPy dtype {array.dtype} is not supported"
@@ -457,6 +458,9 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()})"
+
+
+_FIXED_BY_DTYPE = datatypes.FIXED_BY_DTYPE  # the common case of a new tensor: one lookup
 
 
 def _datatype_of_array(array: np.ndarray) -> str | None:
@@ -561,7 +565,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._parameters = _parameters_json(parameters)
-        self._trace = trace or InferenceTrace()
+        self._trace: InferenceTrace | None = trace or InferenceTrace()
         self._cancelled: Callable[[], bool] = lambda: False
         self._sender: InferenceResponseSender | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
@@ -678,6 +682,11 @@ ResponseIterator = _bls.ResponseIterator
 
 # --- responses -------------------------------------------------------------------------------
 
+def _incompatible_response() -> TypeError:
+    return _incompatible("__init__", "InferenceResponse(output_tensors: List[Tensor] = [], "
+                         "error: TritonError = None, parameters: object = None)")
+
+
 class InferenceResponse:
     """A model's response: output tensors, or an error."""
 
@@ -685,14 +694,16 @@ class InferenceResponse:
                  parameters: dict | None = None) -> None:
         # As Triton's binding: not a list of tensors is a TypeError; a None tensor in the list
         # gets through it and the response refuses it.
-        if (not isinstance(output_tensors, (list, tuple))
-                or not all(t is None or isinstance(t, Tensor) for t in output_tensors)):
-            raise _incompatible("__init__", "InferenceResponse(output_tensors: List[Tensor] = [], "
-                                "error: TritonError = None, parameters: object = None)")
-        for t in output_tensors:
+        if not isinstance(output_tensors, (list, tuple)):
+            raise _incompatible_response()
+        empty = False
+        for t in output_tensors:  # a loop, not all() over a generator: once per response
             if t is None:
-                raise TritonModelException(
-                    "Output tensor for inference response should not be empty.")
+                empty = True
+            elif type(t) is not Tensor and not isinstance(t, Tensor):
+                raise _incompatible_response()
+        if empty:
+            raise TritonModelException("Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException(
                 f"InferenceResponse error must be a pb_utils.TritonError, found type {type(error)}")
@@ -946,14 +957,14 @@ class ModelConfig:
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
     for tensor in inference_request.inputs():
-        if tensor.name() == name:
+        if tensor._name == name:
             return tensor
     return None
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
     for tensor in inference_response.output_tensors():
-        if tensor.name() == name:
+        if tensor._name == name:
             return tensor
     return None
 
