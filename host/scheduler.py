@@ -132,14 +132,18 @@ def _execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[I
     sequence batcher's padding (counted in the batch size, not as requests, as in Triton)."""
     start = time.perf_counter_ns()
     rows = 0
+    chained = False  # a BLS request run here from another thread brings its callers' chain
     for r in requests:
         r.exec_start_ns = start
         rows += r.batch_size
+        if r.held:
+            chained = True
     if model.tracing:  # a response sent from inside execute waits for the compute stamps
         for r in requests:
             if r.trace is not None:
                 r.trace.executing = True
-    held = bls.HELD.set(_chain(requests) + (slot,))  # for BLS calls made by this execute
+    chain = _chain(requests) if chained else bls.HELD.get()
+    held = bls.HELD.set(chain + (slot,))  # for BLS calls made by this execute
     called = time.perf_counter_ns()
     failure: BaseException | None = None
     executing = supervise.executing(model.name)  # if the process dies now, the log names it
@@ -157,7 +161,8 @@ def _execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[I
             limiter.release(slot, again=model.pending_requests() > 0)
         if widened:
             affinity.pin()
-        supervise.done(executing)
+        if executing >= 0:
+            supervise.done(executing)
         bls.HELD.reset(held)
     returned = time.perf_counter_ns()
     infer_ns, input_ns = returned - called, called - start
@@ -259,9 +264,16 @@ class DirectScheduler:
     def submit(self, request: InferenceRequest) -> None:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
-        slot = self._take(request)
-        if slot is None:
-            return
+        try:  # _take's common case, inline: an instance is free and not retiring
+            slot: InstanceSlot | None = self._free.get_nowait()
+        except queue.Empty:
+            slot = None
+        if slot is None or (self._retiring and slot in self._retiring):
+            if slot is not None:
+                self._collect(slot)
+            slot = self._take(request)
+            if slot is None:
+                return
         try:
             if request.is_cancelled():
                 _fail([request], CancelledError("request was cancelled"))

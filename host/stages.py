@@ -94,8 +94,10 @@ class Stages:
             raw_input.resolve(request, mv.config)
         if request.uses_shm:
             shm.bind_request(request, self.shm, mv.name)
-        parameters.interpret(request)
-        parameters.check_outputs(request)
+        if request.parameters:  # most requests carry none, nor ask for outputs by name
+            parameters.interpret(request)
+        if request.outputs:
+            parameters.check_outputs(request)
         mv.rules.check(request)
 
     # --- cache ---------------------------------------------------------------------------------

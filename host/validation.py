@@ -70,7 +70,7 @@ class RequestRules:
                     f"unexpected inference input '{name}' for model '{self.model}'")
         if len(inputs) < len(self.inputs) and any(n not in inputs for n in self.required):
             raise self._count_error(request)  # an optional input given in place of a required one
-        batch = self._batch_size(request)
+        batch = self._batch_size(request) if self.max_batch_size > 0 else 1
         data_errors = request.data_errors or {}
         for name in reversed(inputs):
             tensor, rule = inputs[name], self.inputs[name]

@@ -709,7 +709,7 @@ class InferenceResponse:
                 f"InferenceResponse error must be a pb_utils.TritonError, found type {type(error)}")
         self._output_tensors = list(output_tensors)
         self._err = error
-        self._parameters = _parameters_json(parameters)
+        self._parameters = "{}" if parameters is None else _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
@@ -956,7 +956,7 @@ class ModelConfig:
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    for tensor in inference_request.inputs():
+    for tensor in inference_request._inputs:
         if tensor._name == name:
             return tensor
     return None
