@@ -111,10 +111,13 @@ def check_shape(name: str, shape: Sequence[int], model: str = "") -> None:
         raise InvalidArgumentError(
             f"input '{name}'{where} has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
     product = 1
+    large = False  # one dimension alone too large (a negative one may hide it in the product)
     for d in shape:
         if d:
             product *= d
-    if product > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in shape):
+            if d > _MAX_ELEMENTS:
+                large = True
+    if large or product > _MAX_ELEMENTS:
         raise InvalidArgumentError(f"shape {list(shape)} of input '{name}'{where} is too large")
 
 

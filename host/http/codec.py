@@ -64,6 +64,8 @@ _SCAN_CHUNK = 1 << 20
 def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
     """Whether the brackets in `buf` nest deeper than `limit` (brackets inside strings count
     too: a false alarm only costs the slower parser)."""
+    if len(buf) <= limit:  # too short to hold that many brackets (most bodies)
+        return False
     raw = bytes(buf) if isinstance(buf, memoryview) else buf
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
@@ -472,8 +474,9 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
         raise InvalidArgumentError("Unable to parse 'shape': attempt to access non-existing object member "
                                    "'shape'" if shape is None else
                                    "Unable to parse 'shape': attempt to access JSON non-array as array")
-    if not all(type(d) is int for d in shape):
-        raise validation.shape_error(name, shape, model_name, "http")
+    for d in shape:  # a loop, not all() over a generator: this runs for every input
+        if type(d) is not int:
+            raise validation.shape_error(name, shape, model_name, "http")
     # JSON data: Triton's texts for a size that overflows int64 come before the shared limits.
     validation.check_shape(name, shape, model_name, "http",
                            json_datatype=datatype if "data" in item else None)
@@ -611,8 +614,13 @@ def _raw_request(body: bytes | memoryview, model_name: str,
 
 
 def _uses_shm(request: InferenceRequest) -> bool:
-    return (any(t.data is None for t in request.inputs.values())
-            or any(o.parameters and mentions_shm(o.parameters) for o in request.outputs))
+    for t in request.inputs.values():  # loops, not any() over generators: once per request
+        if t.data is None:
+            return True
+    for o in request.outputs:
+        if o.parameters and mentions_shm(o.parameters):
+            return True
+    return False
 
 
 # --- response --------------------------------------------------------------------------------
