@@ -650,6 +650,33 @@ def test_non_decoupled_response_sender(tmp_path, load):
         "Unable to send response. Non-decoupled model cannot send more than one response."]
 
 
+def test_a_sender_asked_for_after_the_returned_response_comes_closed(tmp_path, load):
+    """The backend makes a request's sender only when the model asks for it; a model that
+    answered by returning its response and asks later gets a closed sender, as before."""
+    code = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.kept = []
+
+        def execute(self, requests):
+            self.kept.extend(requests)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.int32))])
+                    for _ in requests]
+    """
+    m = load(write_model(tmp_path, "later", "", code))
+    (c,) = m.run(request("later", {}, id="r"))
+    assert len(c.responses) == 1 and c.final.output("OUT").data.tolist() == [1]
+    (kept,) = m.instances[0].user.kept
+    sender = kept.get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(pb_utils.InferenceResponse([]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert kept.get_response_sender() is sender  # one sender per request
+    assert len(c.responses) == 1  # nothing more reached the request
+
+
 def test_async_execute(tmp_path, load):
     code = """
     import asyncio
