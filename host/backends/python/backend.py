@@ -755,8 +755,11 @@ class PythonInstance(Instance):
     # --- execute ---
 
     def execute(self, requests: Sequence[HostRequest]) -> Sequence[HostResponse] | None:
-        states = [_RequestState(self, r) for r in requests]
-        pb_requests = [s.pb_request for s in states]
+        states, pb_requests = [], []  # loops, not comprehensions: a batch is often one request
+        for r in requests:
+            state = _RequestState(self, r)
+            states.append(state)
+            pb_requests.append(state.pb_request)
         try:
             execute = getattr(self.user, "execute", None)
             if execute is None:
@@ -779,7 +782,10 @@ class PythonInstance(Instance):
                 raise  # in a stub process (process mode) it ends the stub, as in Triton
             self._fail_all(states, exc)
             return None
-        self._reschedule(states)
+        for s in states:  # most requests are released plainly: no call for them
+            if s.pb_request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL:
+                self._reschedule(states)
+                break
         return responses
 
     def _reschedule(self, states: list[_RequestState]) -> None:
@@ -848,8 +854,10 @@ class PythonInstance(Instance):
                     pb._sender._close()
             # a padding row's response goes nowhere: not converted (most rows of a direct
             # sequence batch are padding)
-            return [_DROPPED if s.request.padding else self._convert(r, s.request)
-                    for r, s in zip(result, states)]
+            converted = []
+            for r, s in zip(result, states):
+                converted.append(_DROPPED if s.request.padding else self._convert(r, s.request))
+            return converted
         for response, s in zip(result, states):
             if response is not None:
                 s.sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -920,8 +928,10 @@ class PythonInstance(Instance):
 
     def _wrap_request(self, request: HostRequest) -> pb_utils.InferenceRequest:
         wrap = pb_utils.Tensor._wrap
-        inputs = [wrap(name, t.datatype, t.data if type(t.data) is np.ndarray else _on_host(t.data))
-                  for name, t in request.inputs.items()]
+        inputs = []
+        for name, t in request.inputs.items():
+            data = t.data
+            inputs.append(wrap(name, t.datatype, data if type(data) is np.ndarray else _on_host(data)))
         outputs = request.outputs
         requested = [o.name for o in outputs] if outputs else list(self.model.output_names)
         flags = 0
