@@ -848,10 +848,10 @@ class PythonInstance(Instance):
         if fast:
             for s in states:
                 pb = s.pb_request
-                if pb._sender is None:
-                    pb._sender_closed = True  # a sender asked for later comes closed
-                else:
-                    pb._sender._close()
+                pb._sender_closed = True  # a sender made from now on comes closed; then the
+                sender = pb._sender  # one made already (the order matters: _response_sender)
+                if sender is not None:
+                    sender._close()
             # a padding row's response goes nowhere: not converted (most rows of a direct
             # sequence batch are padding)
             converted = []

@@ -514,6 +514,9 @@ def _std_string(value: Any) -> Any:
     return value
 
 
+_SENDER_MAKING = threading.Lock()  # a request's sender is made once (_response_sender)
+
+
 class InferenceRequest:
     """An inference request as a model sees it.
 
@@ -600,12 +603,20 @@ class InferenceRequest:
         return r
 
     def _response_sender(self) -> InferenceResponseSender | None:
-        """The request's sender (made now if it was not yet), without marking it taken."""
+        """The request's sender (made now if it was not yet), without marking it taken.
+
+        A model thread and the backend may ask at once: one sender is made (the lock). The
+        backend closes a sender made after its response went out by setting `_sender_closed`
+        and then closing the sender it finds; made here, the sender is stored before the flag
+        is read, so whichever side comes second closes it."""
         sender = self._sender
         if sender is None and self._make_sender is not None:
-            sender = self._sender = self._make_sender()
-            if self._sender_closed:
-                sender._closed = True
+            with _SENDER_MAKING:
+                sender = self._sender
+                if sender is None:
+                    sender = self._sender = self._make_sender()
+                    if self._sender_closed:
+                        sender._close()
         return sender
 
     def inputs(self) -> list[Tensor]:
