@@ -48,8 +48,9 @@ _SIZE = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "
          "UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}
 
 _FROM_NUMPY = {dt: name for name, dt in _NUMPY.items() if name != "BYTES"}
-# The datatype of each fixed-size numpy dtype (not BYTES), for lookups on a per-tensor path.
-FIXED_BY_DTYPE: dict[np.dtype, str] = dict(_FROM_NUMPY)
+# The datatype of each fixed-size numpy dtype (not BYTES), for lookups on a per-tensor path
+# (read-only: the same dict as from_numpy's).
+FIXED_BY_DTYPE: dict[np.dtype, str] = _FROM_NUMPY
 
 
 def is_valid(datatype: str) -> bool:

@@ -142,9 +142,9 @@ class ModelManager:
         entry = self._models.get(name)
         if entry is not None:
             if version < 0:
-                for newest in entry.newest_first:  # entry.default_version(), inline: every request
-                    if newest.state == READY:
-                        return newest
+                mv = entry.default_version()
+                if mv is not None:
+                    return mv
             else:
                 mv = entry.versions.get(version)
                 if mv is not None and mv.state == READY:

@@ -264,16 +264,9 @@ class DirectScheduler:
     def submit(self, request: InferenceRequest) -> None:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
-        try:  # _take's common case, inline: an instance is free and not retiring
-            slot: InstanceSlot | None = self._free.get_nowait()
-        except queue.Empty:
-            slot = None
-        if slot is None or (self._retiring and slot in self._retiring):
-            if slot is not None:
-                self._collect(slot)
-            slot = self._take(request)
-            if slot is None:
-                return
+        slot = self._take(request)
+        if slot is None:
+            return
         try:
             if request.is_cancelled():
                 _fail([request], CancelledError("request was cancelled"))

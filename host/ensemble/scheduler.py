@@ -133,17 +133,10 @@ class EnsembleScheduler:
         # Every field of a step request at its default; a run sets those it takes from the
         # ensemble request, a step its model, inputs and outputs (all mutable defaults replaced).
         self.defaults = dict(StepRequest(model_name="").__dict__)
-        self._whole: Pruned | None = None  # plan.pruned(_ALL), made on the first request
 
     def submit(self, request: InferenceRequest) -> None:
-        if request.outputs:
-            pruned = self.plan.pruned(frozenset(o.name for o in request.outputs))
-        else:  # every output (most requests): the plan's whole graph, looked up once
-            whole = self._whole
-            if whole is None:
-                whole = self._whole = self.plan.pruned(_ALL)
-            pruned = whole
-        _Run(self, request, pruned).start()
+        requested = frozenset(o.name for o in request.outputs) if request.outputs else _ALL
+        _Run(self, request, self.plan.pruned(requested)).start()
 
     def stop(self) -> None:
         """Nothing runs on threads of its own (the pool is the runtime's)."""
@@ -185,12 +178,8 @@ class _Run:
         request, plan = self.request, self.plan
         self.started_ns = request.exec_start_ns = time.perf_counter_ns()
         batched = plan.batching
-        readers, values, refs = self.pruned.readers, self.values, self.refs
-        for name, tensor in request.inputs.items():  # self._store, inline
-            count = readers.get(name)
-            if count:
-                values[(name, ())] = (tensor, batched)
-                refs[(name, ())] = count
+        for name, tensor in request.inputs.items():
+            self._store(name, (), tensor, batched)
         if plan.optional_inputs:
             for name in plan.optional_inputs - request.inputs.keys():
                 self._store(name, (), None, batched)  # absent: the step omits that input

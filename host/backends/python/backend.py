@@ -742,7 +742,7 @@ class PythonInstance(Instance):
         token = pb_utils._ACTIVE.set(self.ctx)
         try:
             result = fn()
-            if type(result) is not list and asyncio.iscoroutine(result):
+            if asyncio.iscoroutine(result):
                 result = self._run_coroutine(result)
         except Exception as exc:  # noqa: BLE001 - the model's failure means "not ready"
             return False, _exception_text(exc, self.ctx.model_dir)
