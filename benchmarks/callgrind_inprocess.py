@@ -7,8 +7,13 @@ and the ensembles of `ensemble_bench.py` (FP32[1024]): the stages, schedulers, p
 ensemble scheduler every front end shares. It takes about a minute, and its counts are steady to
 well under 1 %, so an A/B of two trees (`--source`) shows changes of a percent.
 
-    python benchmarks/callgrind_inprocess.py [--requests 200] [--model identity_py ensemble_1 ensemble_3]
-                                             [--source DIR]
+    python benchmarks/callgrind_inprocess.py [--requests 200]
+        [--model identity_py ensemble_1 ensemble_3 sequence_direct sequence_oldest] [--source DIR]
+
+`sequence_direct` and `sequence_oldest` are the example accumulator (model_repository/
+sequence_accumulator) under each strategy, sent four sequences in turn (INT32[1,1] requests with
+their correlation ids): under the direct strategy every other request then gets a padding row
+below it (a lower slot without a request), as batches of concurrent sequences do.
 
 Needs valgrind (apt install valgrind). It runs itself under valgrind with instrumentation off, and
 switches it on (`callgrind_control -i on`) around the measured requests of each model.
@@ -18,12 +23,14 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = ["identity_py", "ensemble_1", "ensemble_3"]
+MODELS = ["identity_py", "ensemble_1", "ensemble_3", "sequence_direct", "sequence_oldest"]
+SEQUENCES = 4  # sequences sent in turn to a sequence model
 
 
 def _control(*args: str) -> None:
@@ -42,8 +49,22 @@ def measure_here(repo: str, requests: int, models: list[str]) -> None:
     host = Host(ServerOptions(model_repositories=[repo]))
     host.start()
     x = np.ones(1024, np.float32)
+    one = np.ones((1, 1), np.int32)
     try:
         for model in models:
+            if model.startswith("sequence_"):
+                # ids 1..SEQUENCES, each started in the warm-up and never ended (no END flag)
+                for n in range(50 + SEQUENCES):
+                    host.infer(InferenceRequest(model, inputs={"INPUT": Tensor("INPUT", "INT32", [1, 1], one)},
+                                                sequence_id=n % SEQUENCES + 1, sequence_start=n < SEQUENCES))
+                _control("-z")
+                _control("-i", "on")
+                for n in range(requests):
+                    host.infer(InferenceRequest(model, inputs={"INPUT": Tensor("INPUT", "INT32", [1, 1], one)},
+                                                sequence_id=n % SEQUENCES + 1))
+                _control("-i", "off")
+                _control("-d", model)
+                continue
             for _ in range(50):
                 host.infer(InferenceRequest(model, inputs={"INPUT0": Tensor("INPUT0", "FP32", [1024], x)}))
             _control("-z")
@@ -72,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
 
     work = tempfile.mkdtemp(prefix="callgrind_inprocess_")
     repo = ensemble_bench.build_repository(work)
+    import sequence_bench
+    with open(os.path.join(sequence_bench.EXAMPLE, "config.pbtxt")) as f:
+        config = f.read()
+    for name in ("sequence_direct", "sequence_oldest"):
+        os.makedirs(os.path.join(repo, name, "1"))
+        shutil.copyfile(os.path.join(sequence_bench.EXAMPLE, "1", "model.py"),
+                        os.path.join(repo, name, "1", "model.py"))
+        text = config.replace('name: "sequence_accumulator"', f'name: "{name}"')
+        if name == "sequence_oldest":
+            text = text.replace("direct { }", "oldest { max_candidate_sequences: 8 }")
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(text)
     env = dict(os.environ)
     source = os.path.abspath(args.source) if args.source else os.path.dirname(HERE)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)

@@ -6,7 +6,7 @@ the schedulers and the backends see nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class RequestedOutput:
 ResponseCallback = Callable[["InferenceResponse | None", bool], None]
 
 
-@dataclass
+@dataclass(init=False)  # __init__ below: the dataclass's sets all ~35 fields per request
 class InferenceRequest:
     model_name: str
     model_version: int = -1  # -1: the policy's default (highest ready) version
@@ -107,6 +107,27 @@ class InferenceRequest:
     # backend may skip building its response, which goes nowhere (host.sequence.batcher).
     padding: ClassVar[bool] = False
 
+    def __init__(self, model_name: str, model_version: int = -1, id: str = "",
+                 inputs: dict[str, Tensor] | None = None, outputs: list[RequestedOutput] | None = None,
+                 parameters: dict[str, Any] | None = None, protocol: str = "", **fields: Any) -> None:
+        """The dataclass's signature (every field by keyword), but only the fields given are
+        stored: the others read their defaults from the class until something sets them (a
+        request is made for every call, and for every ensemble step)."""
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.inputs = {} if inputs is None else inputs
+        self.outputs = [] if outputs is None else outputs
+        self.parameters = {} if parameters is None else parameters
+        if protocol:  # (every front end names itself: a parameter, not **fields, is cheaper)
+            self.protocol = protocol
+        if fields:
+            known = _REQUEST_FIELDS
+            for name, value in fields.items():
+                if name not in known:
+                    raise TypeError(f"InferenceRequest() got an unexpected keyword argument '{name}'")
+                setattr(self, name, value)
+
     @property
     def requested_output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
@@ -129,6 +150,9 @@ class InferenceRequest:
         """Send one response for this request (the sender API backends use)."""
         assert self.callback is not None, "request was not submitted through the host"
         self.callback(response, final)
+
+
+_REQUEST_FIELDS = frozenset(f.name for f in fields(InferenceRequest))
 
 
 def drain(request: InferenceRequest, responses: Any) -> Iterator[InferenceResponse]:

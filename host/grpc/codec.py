@@ -51,7 +51,8 @@ _CONTENTS = (
 def parameters_to_dict(params: Any) -> dict[str, Any]:
     """A map<string, InferParameter> as plain Python values (bool, int, str, float), as sent."""
     out: dict[str, Any] = {}
-    for key, param in params.items():
+    for key in params:  # (the map's items() is a Python-level view: a generator per map)
+        param = params[key]
         which = param.WhichOneof("parameter_choice")
         if which is None:
             raise InvalidArgumentError(
@@ -184,10 +185,9 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
             uses_shm = uses_shm or mentions_shm(extra)
         outputs.append(RequestedOutput(out.name, extra))
     params = msg.parameters
-    request = InferenceRequest(model_name=model, model_version=model_version(msg.model_version),
-                               id=msg.id, inputs=inputs, outputs=outputs,
-                               parameters=parameters_to_dict(params) if params else {},
-                               protocol="grpc")
+    # positional: keyword arguments cost more, and this runs for every request
+    request = InferenceRequest(model, model_version(msg.model_version), msg.id, inputs, outputs,
+                               parameters_to_dict(params) if params else {}, "grpc")
     request.uses_shm = uses_shm
     if size_errors:  # Triton's core words them with the request's tag
         request.data_errors = validation.tagged(request, size_errors)

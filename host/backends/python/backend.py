@@ -756,10 +756,13 @@ class PythonInstance(Instance):
 
     def execute(self, requests: Sequence[HostRequest]) -> Sequence[HostResponse] | None:
         states, pb_requests = [], []  # loops, not comprehensions: a batch is often one request
+        new_state = _RequestState.__new__
         for r in requests:
-            state = _RequestState(self, r)
+            state = new_state(_RequestState)  # __init__ inlined: this runs for every request
+            state.instance, state.request = self, r
+            state.pb_request = pb = self._wrap_request(r)
             states.append(state)
-            pb_requests.append(state.pb_request)
+            pb_requests.append(pb)
         try:
             execute = getattr(self.user, "execute", None)
             if execute is None:
@@ -927,11 +930,6 @@ class PythonInstance(Instance):
             pb_utils._ACTIVE.reset(token)
 
     def _wrap_request(self, request: HostRequest) -> pb_utils.InferenceRequest:
-        wrap = pb_utils.Tensor._wrap
-        inputs = []
-        for name, t in request.inputs.items():
-            data = t.data
-            inputs.append(wrap(name, t.datatype, data if type(data) is np.ndarray else _on_host(data)))
         outputs = request.outputs
         requested = [o.name for o in outputs] if outputs else list(self.model.output_names)
         flags = 0
@@ -943,11 +941,10 @@ class PythonInstance(Instance):
         params = request.parameters
         spec = self.model.spec
         return pb_utils.InferenceRequest._incoming(
-            request_id=request.id, correlation_id=request.sequence_id, inputs=inputs,
-            requested_output_names=requested, model_name=spec.name,
-            model_version=spec.version, flags=flags, timeout=request.timeout_us,
-            parameters=json.dumps(params, default=str) if params else "{}",
-            cancelled=request.is_cancelled, make_sender=partial(_make_sender, self, request))
+            request.id, request.sequence_id, pb_utils._borrowed_inputs(request.inputs, _on_host),
+            requested, spec.name, spec.version, flags, request.timeout_us,
+            json.dumps(params, default=str) if params else "{}", request.is_cancelled,
+            partial(_make_sender, self, request))
 
     def _base_response(self, request: HostRequest) -> HostResponse:
         return HostResponse(model_name=self.model.spec.name,

@@ -460,6 +460,23 @@ class Tensor:
         return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()})"
 
 
+def _borrowed_inputs(inputs: dict[str, Any], on_host: Callable[[Any], np.ndarray]) -> list[Tensor]:
+    """A host request's inputs as the model sees them: views of the host's data, no copy and no
+    checks (`Tensor._wrap` inlined: one call for the request rather than one per input).
+    `on_host` brings data that is not a numpy array (a device array) to the host."""
+    new = Tensor.__new__
+    wrapped = []
+    for name, t in inputs.items():
+        data = t.data
+        w = new(Tensor)
+        w._name = name
+        w._array = data if type(data) is np.ndarray else on_host(data)
+        w._datatype = t.datatype
+        w._borrowed = True
+        wrapped.append(w)
+    return wrapped
+
+
 _FIXED_BY_DTYPE = datatypes.FIXED_BY_DTYPE  # the common case of a new tensor: one lookup
 
 
@@ -579,12 +596,19 @@ class InferenceRequest:
     _make_sender: Callable[[], InferenceResponseSender] | None = None
     _sender_closed = False
 
+    # Fields an incoming request shares with every other until someone sets them (the class's
+    # values): fewer stores per request on the path every python-model request takes.
+    _trace: InferenceTrace | None = None  # made by trace() when a model asks
+    _sender: InferenceResponseSender | None = None
+    _release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
     @classmethod
-    def _incoming(cls, *, request_id: str, correlation_id: int | str, inputs: list[Tensor],
+    def _incoming(cls, request_id: str, correlation_id: int | str, inputs: list[Tensor],
                   requested_output_names: list[str], model_name: str, model_version: int,
                   flags: int, timeout: int, parameters: str, cancelled: Callable[[], bool],
                   make_sender: Callable[[], InferenceResponseSender]) -> InferenceRequest:
-        """A request the backend hands to `execute` (parameters already JSON)."""
+        """A request the backend hands to `execute` (parameters already JSON). Positional: it
+        is made for every request, and keyword arguments cost more to pass."""
         r = cls.__new__(cls)
         r._request_id = request_id
         r._correlation_id = correlation_id
@@ -595,11 +619,8 @@ class InferenceRequest:
         r._flags = flags
         r._timeout = timeout
         r._parameters = parameters
-        r._trace = None  # made by trace() when a model asks
         r._cancelled = cancelled
-        r._sender = None
         r._make_sender = make_sender
-        r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return r
 
     def _response_sender(self) -> InferenceResponseSender | None:
