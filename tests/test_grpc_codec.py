@@ -194,8 +194,9 @@ def test_response_outputs_are_raw_with_parameters() -> None:
 
 def test_stream_messages() -> None:
     response = InferenceResponse(model_name="m", model_version="1", id="r")
-    msg = codec.stream_response(response, False)
+    msg = pb.ModelStreamInferResponse.FromString(codec.stream_response(response, False))
     assert msg.infer_response.parameters["triton_final_response"].bool_param is False
+    assert msg.infer_response.id == "r" and msg.infer_response.model_name == "m"
     empty = codec.stream_empty_final("r", "m", "")
     assert empty.infer_response.id == "r" and not empty.infer_response.outputs
     assert empty.infer_response.parameters["triton_final_response"].bool_param is True
@@ -236,7 +237,7 @@ def test_not_found_maps_to_not_found() -> None:
     assert status_code(NotFoundError("x").code) is grpc.StatusCode.NOT_FOUND
 
 
-def test_large_unary_responses_frame_their_contents_by_hand() -> None:
+def test_a_response_with_parameters_frames_its_contents_after_upbs_head() -> None:
     from host.inference import InferenceResponse, Tensor
     big = np.arange(codec.LARGE_OUTPUT_BYTES // 4 + 3, dtype=np.float32)
     outputs = [Tensor("A", "FP32", [big.size], big),
@@ -251,8 +252,59 @@ def test_large_unary_responses_frame_their_contents_by_hand() -> None:
     assert parsed.raw_output_contents[0] == big.tobytes()
     assert parsed.raw_output_contents[2] == b""
     assert parsed.raw_output_contents[3] == np.arange(6, dtype=np.int16).reshape(2, 3).T.tobytes()
-    small = InferenceResponse("m", "1", outputs=[Tensor("A", "FP32", [2], big[:2])])
-    assert isinstance(codec.encode_unary_response(small), pb.ModelInferResponse)
+    with_output_parameter = InferenceResponse("m", "1", outputs=[
+        Tensor("A", "FP32", [2], big[:2], {"binary_data_size": 8})])
+    framed = codec.encode_unary_response(with_output_parameter)
+    assert isinstance(framed, codec.FramedResponse)
+    assert pb.ModelInferResponse.FromString(framed.SerializeToString()) == \
+        codec.encode_infer_response(with_output_parameter)
+
+
+_RESPONSES = pytest.mark.parametrize("response", [
+    pytest.param(lambda R, T: R("m", "1", "id7", outputs=[T("A", "FP32", [3], np.arange(3, dtype=np.float32))]),
+                 id="one output"),
+    pytest.param(lambda R, T: R("model_é", "12", "", outputs=[]), id="no output, utf-8 name"),
+    pytest.param(lambda R, T: R("", "", ""), id="all empty"),
+    pytest.param(lambda R, T: R("m", "1", outputs=[
+        T("A", "FP32", [codec.LARGE_OUTPUT_BYTES // 4 + 3],
+          np.arange(codec.LARGE_OUTPUT_BYTES // 4 + 3, dtype=np.float32)),
+        T("S", "BYTES", [2], np.array([b"x\x00", b""], dtype=np.object_)),
+        T("M", "INT8", [4], None),
+        T("T", "INT16", [3, 2], np.arange(6, dtype=np.int16).reshape(2, 3).T),
+        T("Z", "FP32", [0, 5], np.zeros((0, 5), np.float32)),
+        T("W", "INT64", [200, 1], np.arange(200, dtype=np.int64).reshape(200, 1))]), id="mixed outputs"),
+    pytest.param(lambda R, T: R("m", 7, "r" * 300, outputs=[T("O" * 200, "UINT8", [], np.uint8(5).reshape(()))]),
+                 id="long id, scalar, int version"),
+])
+
+
+@_RESPONSES
+def test_stream_responses_framed_by_hand_are_upbs_bytes(response: Any) -> None:
+    from host.inference import InferenceResponse, Tensor
+    built = response(InferenceResponse, Tensor)
+    for final in (False, True):
+        data = codec.stream_response(built, final, request_id="fallback")
+        assert type(data) is bytes
+        expected = pb.ModelStreamInferResponse(
+            infer_response=codec.encode_infer_response(built, request_id="fallback"))
+        expected.infer_response.parameters["triton_final_response"].bool_param = final
+        assert data == expected.SerializeToString()
+    with_parameter = InferenceResponse("m", "1", parameters={"p": 1})  # through upb
+    msg = codec.stream_response(with_parameter, True)
+    assert msg.infer_response.parameters["p"].int64_param == 1
+    assert msg.infer_response.parameters["triton_final_response"].bool_param is True
+
+
+@_RESPONSES
+def test_unary_responses_framed_by_hand_read_back_as_upbs(response: Any) -> None:
+    from host.inference import InferenceResponse, Tensor
+    built = response(InferenceResponse, Tensor)
+    data = codec.encode_unary_response(built, request_id="fallback")
+    assert type(data) is bytes
+    parsed = pb.ModelInferResponse.FromString(data)
+    assert parsed == codec.encode_infer_response(built, request_id="fallback")
+    # byte for byte what upb writes (field order, empty strings left out)
+    assert data == codec.encode_infer_response(built, request_id="fallback").SerializeToString()
 
 
 def test_an_input_named_twice_is_tritons_error_with_the_requests_tag() -> None:

@@ -132,16 +132,17 @@ def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, mo
 def decode_infer_request(msg: Any) -> InferenceRequest:
     """A ModelInferRequest as an InferenceRequest (parameters passed on as plain values)."""
     model = msg.model_name
-    raw = msg.raw_input_contents
+    raw = msg.raw_input_contents[:]  # (the bytes of each, as indexing would give them)
     raw_index = 0
     inputs: dict[str, Tensor] = {}
     uses_shm = False
     size_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
-    for tensor in msg.inputs:
+    # Slices: upb's repeated fields make a list in one call, cheaper than its iteration.
+    for tensor in msg.inputs[:]:
         name = tensor.name
         datatype = tensor.datatype
         validation.check_datatype(name, datatype)
-        shape = list(tensor.shape)
+        shape = tensor.shape[:]
         validation.check_shape(name, shape, model, "grpc")
         params = tensor.parameters
         extra = {}
@@ -177,7 +178,7 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
         validation.check_new_input(inputs, name, msg.id)
         inputs[name] = Tensor(name, datatype, shape, data, extra)
     outputs = []
-    for out in msg.outputs:
+    for out in msg.outputs[:] if msg.outputs else ():
         oparams = out.parameters
         extra = {}
         if oparams:  # the host judges them (host.parameters.check_outputs, host.shm)
@@ -205,12 +206,19 @@ def _raw_output(t: Tensor, view: bool = False) -> bytes | memoryview:
     return arr.tobytes()  # C order, whatever the array's layout
 
 
-# Outputs at least this large are framed by hand (`FramedResponse`) instead of by upb.
+# Outputs at least this large are passed to the framing as views (no copy before the join).
 LARGE_OUTPUT_BYTES = 1 << 16
 _RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # ModelInferResponse.raw_output_contents: field 6, bytes
+# ModelInferResponse: model_name 1, model_version 2, id 3, outputs 5 (InferOutputTensor: name 1,
+# datatype 2, shape 3, packed int64); all length-delimited (wire type 2).
+_NAME_TAG, _VERSION_TAG, _ID_TAG, _OUTPUT_TAG = b"\x0a", b"\x12", b"\x1a", b"\x2a"
+_OUT_NAME_TAG, _OUT_DATATYPE_TAG, _OUT_SHAPE_TAG = b"\x0a", b"\x12", b"\x1a"
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL_VARINTS[value] if value >= 0 else _varint(value & 0xFFFFFFFFFFFFFFFF)
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
@@ -219,8 +227,78 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _delimited(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+# The framed fields a model's responses repeat, made once: (model name, version) -> fields 1-2;
+# (output name, datatype, *shape) -> that output's field 5. Bounded: a client that varies shapes
+# endlessly makes the cache start over, never grow.
+_MODEL_FIELDS: dict[tuple, bytes] = {}
+_OUTPUT_FIELDS: dict[tuple, bytes] = {}
+_MAX_CACHED = 4096
+
+
+def _remember(cache: dict[tuple, bytes], key: tuple, value: bytes) -> bytes:
+    if len(cache) >= _MAX_CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _model_fields(model_name: str, version: str) -> bytes:
+    out = _delimited(_NAME_TAG, model_name.encode()) if model_name else b""
+    return out + _delimited(_VERSION_TAG, version.encode()) if version else out
+
+
+def _output_fields(t: Tensor) -> bytes:
+    head = _delimited(_OUT_NAME_TAG, t.name.encode()) if t.name else b""
+    if t.datatype:
+        head += _delimited(_OUT_DATATYPE_TAG, t.datatype.encode())
+    if t.shape:
+        head += _delimited(_OUT_SHAPE_TAG, b"".join([_varint(int(d)) for d in t.shape]))
+    return _delimited(_OUTPUT_TAG, head)
+
+
+def _framed(response: InferenceResponse, request_id: str, parameters: bytes = b"") -> bytes:
+    """The serialized ModelInferResponse of a response without parameters of its own, framed
+    here from fields made once per model and output shape (`_MODEL_FIELDS`, `_OUTPUT_FIELDS`)
+    rather than through upb messages made only to be serialized; `parameters`: field 4, framed
+    (a stream's final flag). Fields in field-number order, empty strings left out, as protobuf
+    writes them: tests/test_grpc_codec.py checks the bytes against upb's."""
+    key = (response.model_name, str(response.model_version))
+    head = _MODEL_FIELDS.get(key)
+    if head is None:
+        head = _remember(_MODEL_FIELDS, key, _model_fields(*key))
+    parts = [head]
+    rid = response.id or request_id
+    if rid:
+        parts.append(_delimited(_ID_TAG, rid.encode()))
+    if parameters:
+        parts.append(parameters)
+    raws = []
+    for t in response.outputs:
+        okey = (t.name, t.datatype, *t.shape)
+        fields = _OUTPUT_FIELDS.get(okey)
+        if fields is None:
+            fields = _remember(_OUTPUT_FIELDS, okey, _output_fields(t))
+        parts.append(fields)
+        # An output written to shared memory keeps its place with empty contents: clients
+        # index raw_output_contents by output position.
+        data = t.data
+        raws.append(b"" if data is None else _raw_output(
+            t, view=isinstance(data, np.ndarray) and data.nbytes >= LARGE_OUTPUT_BYTES))
+    small = _SMALL_VARINTS
+    for raw in raws:
+        size = len(raw)
+        parts.append(_RAW_OUTPUT_TAG + (small[size] if size < 128 else _varint(size)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
 class FramedResponse:
-    """A ModelInferResponse whose raw_output_contents are appended as framed bytes.
+    """A ModelInferResponse whose raw_output_contents are appended as framed bytes (a response
+    with parameters: its small part goes through upb).
 
     upb's encoder takes about 100-300 ms for one 16 MiB bytes field here (it grows its buffer
     step by step), against a few ms for one copy. A message's fields may come in any order, so the
@@ -241,10 +319,21 @@ class FramedResponse:
         return b"".join(parts)
 
 
-def encode_unary_response(response: InferenceResponse, request_id: str = "") -> Any:
-    """The ModelInfer answer: a message, or a `FramedResponse` when the outputs are large."""
-    if sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray)) < LARGE_OUTPUT_BYTES:
-        return encode_infer_response(response, request_id)
+def _plain(response: InferenceResponse) -> bool:
+    """Whether neither the response nor an output carries parameters (`_framed` frames it)."""
+    if response.parameters:
+        return False
+    for t in response.outputs:
+        if t.parameters:
+            return False
+    return True
+
+
+def encode_unary_response(response: InferenceResponse, request_id: str = "") -> bytes | FramedResponse:
+    """The ModelInfer answer, serialized (`_framed`), or a `FramedResponse` when the
+    response or an output carries parameters."""
+    if _plain(response):
+        return _framed(response, request_id)
     msg = encode_infer_response(response, request_id, with_contents=False)
     raws = [_raw_output(t, view=True) if t.data is not None else b"" for t in response.outputs]
     return FramedResponse(msg, raws)
@@ -272,8 +361,24 @@ def encode_infer_response(response: InferenceResponse, request_id: str = "",
     return msg
 
 
+def _final_flag(final: bool) -> bytes:
+    """ModelInferResponse.parameters (field 4) holding `triton_final_response`: one map entry
+    (key 1, value 2: an InferParameter whose bool_param, field 1, a oneof member, is written
+    even when false)."""
+    key = FINAL_RESPONSE.encode()
+    value = _delimited(b"\x12", b"\x08" + (b"\x01" if final else b"\x00"))
+    return _delimited(b"\x22", _delimited(b"\x0a", key) + value)
+
+
+_FINAL_FLAGS = (_final_flag(False), _final_flag(True))
+_STREAM_INFER_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2
+
+
 def stream_response(response: InferenceResponse, final: bool, request_id: str = "") -> Any:
-    """One response of a stream; `triton_final_response` says whether it is the request's last."""
+    """One response of a stream, serialized (a message when the response carries parameters);
+    `triton_final_response` says whether it is the request's last."""
+    if _plain(response):
+        return _delimited(_STREAM_INFER_TAG, _framed(response, request_id, _FINAL_FLAGS[final]))
     msg = ModelStreamInferResponse(infer_response=encode_infer_response(response, request_id))
     msg.infer_response.parameters[FINAL_RESPONSE].bool_param = final
     return msg

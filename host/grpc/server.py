@@ -195,7 +195,8 @@ class _UnaryCall:
         try:
             if isinstance(response, BaseException):
                 raise response
-            data = response.SerializeToString()
+            # a message, or its bytes already (host.grpc.codec.encode_unary_response)
+            data = response if type(response) is bytes else response.SerializeToString()
         except BaseException as exc:  # noqa: BLE001 - every error is the call's status
             code, details = exc.status if isinstance(exc, _Status) else _error_status(exc)
             self._send_error(code, details)
@@ -298,7 +299,8 @@ class _StreamCall:
 
     # writing (the stream's Writer)
     def send(self, message: Any) -> None:
-        data = message.SerializeToString()
+        # a message, or its bytes already (host.grpc.codec.stream_response)
+        data = message if type(message) is bytes else message.SerializeToString()
         with self._lock:
             if self._over or self._finishing:
                 return
