@@ -270,7 +270,7 @@ def _framed(response: InferenceResponse, request_id: str, parameters: bytes = b"
     head = _MODEL_FIELDS.get(key)
     if head is None:
         head = _remember(_MODEL_FIELDS, key, _model_fields(*key))
-    parts = [head]
+    parts: list[bytes | memoryview] = [head]
     rid = response.id or request_id
     if rid:
         parts.append(_delimited(_ID_TAG, rid.encode()))
