@@ -108,6 +108,17 @@ def _model(root: Path, name: str, config: str, code: str) -> None:
     (root / name / "1" / "model.py").write_text(code)
 
 
+_UNENCODABLE_OUTPUT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("\\udc80", np.ones(4, np.float32))])
+                for _ in requests]
+"""
+
+
 def _extra_repository(root: Path) -> Path:
     for dt in DATATYPES:
         ct = datatypes.to_config(dt)
@@ -120,6 +131,11 @@ input [ { name: "TAG" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU count: 2 } ]
 """, _CANCELLABLE)
+    # an output name no protobuf string can hold (a lone surrogate)
+    _model(root, "unencodable_output", """max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+""", _UNENCODABLE_OUTPUT)
     _model(root, "echo_parameters", """max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
@@ -255,6 +271,17 @@ def _repeat_inputs(values: list[int], delays_ms: list[int], wait_ms: int = 0) ->
 
 
 # --- the protocol definition -----------------------------------------------------------------
+
+def test_a_response_that_cannot_be_encoded_fails_its_call_and_the_server_goes_on(
+        client: grpcclient.InferenceServerClient) -> None:
+    # It used to leave the call open: the client waited for its deadline.
+    x = _input("INPUT0", np.ones(4, np.float32))
+    with _raises(grpc.StatusCode.INTERNAL) as failed:
+        client.infer("unencodable_output", [x], client_timeout=30)
+    assert "UnicodeEncodeError" in failed.error.message()
+    y = _input("INPUT0", np.arange(3, dtype=np.int32))
+    assert client.infer("dtype_int32", [y]).as_numpy("OUTPUT0").tolist() == [0, 1, 2]
+
 
 def test_descriptor_is_tritonclients_and_both_import_in_one_process() -> None:
     from tritonclient.grpc import service_pb2 as tc

@@ -130,8 +130,12 @@ class Servicer:
                 log.info(line)
                 time.sleep(ms / 1000)
             try:
-                call.finish(codec.encode_unary_response(response, request_id)
-                            if not isinstance(response, BaseException) else response)
+                try:
+                    answer = response if isinstance(response, BaseException) \
+                        else codec.encode_unary_response(response, request_id)
+                except Exception as exc:  # noqa: BLE001 - e.g. a name that is not UTF-8
+                    answer = exc  # the call's status (as a stream reports it), never a call left open
+                call.finish(answer)
             finally:
                 if infer_request.frontend_trace:
                     _sent(infer_request)
