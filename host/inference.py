@@ -109,7 +109,7 @@ class InferenceRequest:
 
     def __init__(self, model_name: str, model_version: int = -1, id: str = "",
                  inputs: dict[str, Tensor] | None = None, outputs: list[RequestedOutput] | None = None,
-                 parameters: dict[str, Any] | None = None, protocol: str = "", **fields: Any) -> None:
+                 parameters: dict[str, Any] | None = None, protocol: str = "", **others: Any) -> None:
         """The dataclass's signature (every field by keyword), but only the fields given are
         stored: the others read their defaults from the class until something sets them (a
         request is made for every call, and for every ensemble step)."""
@@ -119,11 +119,11 @@ class InferenceRequest:
         self.inputs = {} if inputs is None else inputs
         self.outputs = [] if outputs is None else outputs
         self.parameters = {} if parameters is None else parameters
-        if protocol:  # (every front end names itself: a parameter, not **fields, is cheaper)
+        if protocol:  # (every front end names itself: a parameter, not **others, is cheaper)
             self.protocol = protocol
-        if fields:
+        if others:
             known = _REQUEST_FIELDS
-            for name, value in fields.items():
+            for name, value in others.items():
                 if name not in known:
                     raise TypeError(f"InferenceRequest() got an unexpected keyword argument '{name}'")
                 setattr(self, name, value)

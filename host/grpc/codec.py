@@ -288,12 +288,17 @@ def _framed(response: InferenceResponse, request_id: str, parameters: bytes = b"
         data = t.data
         raws.append(b"" if data is None else _raw_output(
             t, view=isinstance(data, np.ndarray) and data.nbytes >= LARGE_OUTPUT_BYTES))
+    _add_raw_contents(parts, raws)
+    return b"".join(parts)
+
+
+def _add_raw_contents(parts: list[bytes | memoryview], raws: list) -> None:
+    """Frame each output's raw bytes as a raw_output_contents field (6) onto `parts`."""
     small = _SMALL_VARINTS
     for raw in raws:
         size = len(raw)
         parts.append(_RAW_OUTPUT_TAG + (small[size] if size < 128 else _varint(size)))
         parts.append(raw)
-    return b"".join(parts)
 
 
 class FramedResponse:
@@ -312,10 +317,8 @@ class FramedResponse:
         self.head, self.raws = head, raws
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf method name the server calls
-        parts = [self.head.SerializeToString()]
-        for raw in self.raws:
-            parts.append(_RAW_OUTPUT_TAG + _varint(len(raw)))
-            parts.append(raw)
+        parts: list[bytes | memoryview] = [self.head.SerializeToString()]
+        _add_raw_contents(parts, self.raws)
         return b"".join(parts)
 
 
