@@ -189,12 +189,24 @@ def array_from_buffer(datatype: str, shape: Sequence[int], buf: bytes | memoryvi
     if len(buf) != expected:
         raise InvalidArgumentError(
             f"unexpected total byte size {len(buf)} for input, expecting {expected}")
-    return np.frombuffer(buf, dtype=to_numpy(datatype), count=count).reshape(shape)
+    return shaped(np.frombuffer(buf, to_numpy(datatype), count), shape)
+
+
+def shaped(flat: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """`flat` (1-D, as many elements as `shape` holds) in `shape`. A 1-D shape is that already:
+    numpy's reshape costs more than the rest of decoding a small input, and most inputs are 1-D
+    or batched 2-D."""
+    return flat if len(shape) == 1 else flat.reshape(shape)
 
 
 def array_to_bytes(datatype: str, array: np.ndarray) -> bytes | memoryview:
     """Raw wire bytes of an array: a view for contiguous fixed-size data, serialized for BYTES."""
     if datatype == "BYTES":
         return serialize_bytes(array.reshape(-1))
-    array = np.ascontiguousarray(array)
-    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""  # type: ignore[arg-type]
+    if not array.nbytes:
+        return b""
+    try:  # the common case: a byte view of a C-contiguous array, no numpy calls
+        return memoryview(array).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # not C-contiguous, or a dtype without a buffer format (BF16)
+        array = np.ascontiguousarray(array)
+        return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]

@@ -335,3 +335,48 @@ def test_a_head_that_trickles_in_is_cut_off(monkeypatch):
             assert b" 408 " in answer.split(b"\r\n")[0], answer
     finally:
         served.shutdown(1)
+
+
+def test_a_repeated_head_is_parsed_once_and_each_request_gets_its_own_environ():
+    """A connection keeps the environ of its last head: the same head again is not parsed
+    again. Each request still gets an environ of its own (what the app writes into one is not
+    in the next), and a head that differs in one byte, or a pipelined request behind it, is
+    read as it is."""
+    from host.http import server as http_server
+
+    parsed = []
+
+    def counting_parse(data, server_addr, client_addr):
+        parsed.append(data)
+        return http_server._default_parse(data, server_addr, client_addr)
+
+    def app(env, start_response):
+        seen = "leak" in env
+        env["leak"] = True
+        env["PATH_INFO"] = "/changed"
+        body = f"{env['REQUEST_METHOD']} {env['QUERY_STRING']} {env.get('HTTP_X_TAG')} {seen}".encode()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    served = http_server.serve(app, "127.0.0.1", 0)
+    served.parse_head = staticmethod(counting_parse)
+    heads = [b"GET /a?q=1 HTTP/1.1\r\nHost: x\r\nX-Tag: 1\r\n\r\n",
+             b"GET /a?q=1 HTTP/1.1\r\nHost: x\r\nX-Tag: 1\r\n\r\n",
+             b"GET /a?q=1 HTTP/1.1\r\nHost: x\r\nX-Tag: 2\r\n\r\n",
+             b"GET /a?q=2 HTTP/1.1\r\nHost: x\r\nX-Tag: 2\r\n\r\n"]
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=20) as sock:
+            answers = []
+            for head in heads[:2]:  # one at a time
+                sock.sendall(head)
+                answers.append(sock.recv(4096))
+            sock.sendall(heads[2] + heads[3])  # pipelined: the fourth waits behind the third
+            rest = b""
+            while rest.count(b"HTTP/1.1 200") < 2:
+                rest += sock.recv(4096)
+            answers += [b"HTTP/1.1" + part for part in rest.split(b"HTTP/1.1")[1:]]
+        bodies = [a.split(b"\r\n\r\n", 1)[1] for a in answers]
+        assert bodies == [b"GET q=1 1 False", b"GET q=1 1 False", b"GET q=1 2 False", b"GET q=2 2 False"]
+        assert len(parsed) == 3  # the second head came from the first one's environ
+    finally:
+        served.shutdown(1)

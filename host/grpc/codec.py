@@ -95,7 +95,7 @@ def _from_raw(name: str, datatype: str, shape: list[int], buf: bytes, model: str
     if datatype == "BYTES":
         return validation.bytes_input(name, model, shape, buf, "grpc")
     count = validation.fixed_size_count(name, model, datatype, shape, len(buf))
-    return np.frombuffer(buf, datatypes.to_numpy(datatype), count).reshape(shape)
+    return datatypes.shaped(np.frombuffer(buf, datatypes.to_numpy(datatype), count), shape)
 
 
 def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, model: str) -> np.ndarray:

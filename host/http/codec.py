@@ -516,8 +516,8 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
                 data = validation.bytes_input(name, model_name, shape, view[offset:end], "http")
             else:
                 count = validation.fixed_size_count(name, model_name, datatype, shape, size)
-                data = np.frombuffer(view[offset:end], datatypes.to_numpy(datatype),
-                                     count).reshape(shape)
+                data = datatypes.shaped(np.frombuffer(view, datatypes.to_numpy(datatype), count, offset),
+                                        shape)
         except validation.DataSizeError as exc:  # Triton's core's check: raised after the count
             return Tensor(name, datatype, shape, None, {}), end, exc
         offset = end

@@ -94,7 +94,9 @@ def _tensor(name: str, datatype: str, shape: tuple[int, ...], buf: Any) -> Tenso
     dtype = _FIXED.get(datatype)
     if dtype is not None and buf is not None and len(memoryview(buf)) == dtype.itemsize * _count(shape):
         # the common case, kept short: a zero-copy view of what the backend wrote
-        data = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        data = np.frombuffer(buf, dtype)
+        if len(shape) != 1:  # numpy's reshape costs more than the rest of this function
+            data = data.reshape(shape)
     else:  # BYTES, no buffer, or a size that does not match: the general path and its errors
         data = datatypes.array_from_buffer(datatype, shape, memoryview(buf) if buf is not None else b"")
     return Tensor(name, datatype, list(shape), data)
