@@ -428,6 +428,62 @@ def test_binary_size_mismatch_and_overrun():
     assert request.inputs["IN0"].data.tolist() == [0x01010101] * 4
 
 
+def test_a_header_sent_again_decodes_as_the_first_time_into_objects_of_its_own():
+    """A binary request's header is read once (codec._Plan); the same header again gives the same
+    request, whose objects are its own, and data that does not fit it the full decoding's errors."""
+    codec._PLANS.clear()
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inputs = [_input("A", x, "FP32", True), _input("B", x[0], "FP32", True),
+              httpclient.InferInput("S", [2], "INT32")]
+    inputs[2].set_shared_memory("region", 8)
+    outputs = [httpclient.InferRequestedOutput("OUT", binary_data=True),
+               httpclient.InferRequestedOutput("OUT2", binary_data=False, class_count=2)]
+    first, fmt1, body = _decode(inputs, outputs, request_id="r1", parameters={"p": 1})
+    assert len(codec._PLANS) == 1
+    # what the host does to a request (host.parameters pops reserved keys, reshapes set shapes)
+    first.parameters["p"] = 2
+    first.inputs["A"].shape.append(9)
+    first.inputs["S"].parameters["shared_memory_region"] = "other"
+    first.outputs[1].parameters.clear()
+    fmt1.binary["OUT"] = False
+    second, fmt2, _ = codec.decode_infer_request(body, len(body) - 48, "model", 3) + (None,)
+    assert (second.id, second.model_name, second.model_version, second.parameters) == ("r1", "model", 3, {"p": 1})
+    assert [(t.name, t.datatype, t.shape, t.parameters) for t in second.inputs.values()] == [
+        ("A", "FP32", [2, 4], {}), ("B", "FP32", [4], {}),
+        ("S", "INT32", [2], {"shared_memory_region": "region", "shared_memory_byte_size": 8})]
+    _same(second.inputs["A"].data, x)
+    _same(second.inputs["B"].data, x[0])
+    assert second.inputs["S"].data is None and second.uses_shm
+    assert [(o.name, o.parameters) for o in second.outputs] == [("OUT", {}), ("OUT2", {"classification": 2})]
+    assert fmt2.binary == {"OUT": True, "OUT2": False}
+    # the data no longer fits the header: the full decoding's errors
+    with pytest.raises(InvalidArgumentError, match="unexpected additional input data for model 'model'"):
+        codec.decode_infer_request(body + b"x", len(body) - 48, "model")
+    with pytest.raises(InvalidArgumentError, match="unexpected size for input 'B', expecting 4 additional bytes"):
+        codec.decode_infer_request(body[:-4], len(body) - 48, "model")
+
+
+def test_headers_with_json_or_bytes_data_are_read_every_time():
+    """Data in the JSON header, or BYTES, is decoded for each request: two requests never share
+    an array, which a model may write to."""
+    codec._PLANS.clear()
+    x = np.arange(4, dtype=np.int32)
+    first, _, body = _decode([_input("J", x, "INT32", False)])
+    second, _, _ = _decode([_input("J", x, "INT32", False)])
+    first.inputs["J"].data[0] = 99
+    assert second.inputs["J"].data.tolist() == [0, 1, 2, 3]
+    _decode([_input("T", SAMPLES["BYTES"], "BYTES", True)])
+    assert not codec._PLANS
+
+
+def test_the_kept_headers_are_bounded(monkeypatch):
+    codec._PLANS.clear()
+    monkeypatch.setattr(codec, "_PLANS_MAX", 4)
+    for n in range(10):
+        _decode([_input(f"IN{n}", np.zeros(2, np.float32), "FP32", True)])
+        assert 1 <= len(codec._PLANS) <= 4
+
+
 def test_binary_bytes_malformed():
     length_only = (5).to_bytes(4, "little") + b"abc"  # element of 5 bytes, 3 present
     body, hl = _binary_request([0], [len(length_only)], "BYTES", (1,))

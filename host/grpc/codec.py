@@ -195,6 +195,192 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     return request
 
 
+# --- request bytes: headers read before ------------------------------------------------------
+#
+# A client sends the same request again and again but for the tensors' bytes: the same model,
+# inputs, shapes and outputs. The fields before `raw_input_contents` (field 7; tritonclient and
+# perf_analyzer put it last) are then the same bytes each time, and what they decode to can be
+# kept (_Plan), keyed by those bytes: the message is split by hand (every field of a
+# ModelInferRequest is length-delimited) and neither upb nor the field-by-field decoding runs.
+# Anything else (another field after the raw contents, a field this split does not know, data that
+# does not fit the plan) goes through upb and `decode_infer_request`, whose errors are the answer.
+
+_RAW_TAG = 7 << 3 | 2  # ModelInferRequest.raw_input_contents
+
+
+def _raw_spans(data: bytes, pos: int) -> list[tuple[int, int]] | None:
+    """(start, end) of each raw_input_contents field from `pos` to the end; None if any other
+    field, or a malformed one, is there."""
+    spans = []
+    n = len(data)
+    while pos < n:
+        if data[pos] != _RAW_TAG:
+            return None
+        start, length = _length(data, pos + 1)
+        end = start + length
+        if start < 0 or end > n:
+            return None
+        spans.append((start, end))
+        pos = end
+    return spans
+
+
+def _split(data: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
+    """The bytes before the first raw_input_contents field and the spans of those fields, when
+    only they follow it and every field is well formed; else None."""
+    pos, n = 0, len(data)
+    while pos < n:
+        tag = data[pos]
+        if tag == _RAW_TAG:
+            spans = _raw_spans(data, pos)
+            return (data[:pos], spans) if spans is not None else None
+        if tag & 7 != 2 or tag > 0x7F:  # fields 1-15, length-delimited: the message's own
+            return None
+        start, length = _length(data, pos + 1)
+        pos = start + length
+        if start < 0 or pos > n:
+            return None
+    return data, []
+
+
+def _length(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and where what it measures starts; (-1, 0) when malformed."""
+    value = shift = 0
+    n = len(data)
+    while pos < n and shift < 35:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return pos, value
+        shift += 7
+    return -1, 0
+
+
+class _Plan:
+    """What a request's fields before its raw contents decode to (see above). Made only from a
+    request that decoded without an error, whose inputs all came from raw contents of a
+    fixed-size datatype or from shared memory, so that those fields, the number of raw contents
+    and their sizes decide the result. It also stands for the message where a stream needs its
+    model_name, model_version and id (`read_stream_request`)."""
+
+    __slots__ = ("key", "model", "version", "request_id", "parameters", "inputs", "outputs", "raws",
+                 "uses_shm", "model_name", "model_version", "id")
+
+    def __init__(self, key: bytes, request: InferenceRequest, sizes: list[int], msg: Any) -> None:
+        self.key = key
+        self.model_name, self.model_version, self.id = msg.model_name, msg.model_version, msg.id
+        self.model, self.version, self.request_id = request.model_name, request.model_version, request.id
+        self.parameters = dict(request.parameters)
+        # (name, datatype, shape, numpy dtype or None for shared memory, count, byte size, parameters)
+        raw = iter(sizes)
+        self.inputs = tuple(
+            (t.name, t.datatype, tuple(t.shape), None if t.data is None else t.data.dtype,
+             0 if t.data is None else t.data.size, 0 if t.data is None else next(raw),
+             dict(t.parameters)) for t in request.inputs.values())
+        self.raws = len(sizes)
+        self.outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
+        self.uses_shm = request.uses_shm
+
+    def decode(self, data: bytes, spans: list[tuple[int, int]]) -> InferenceRequest | None:
+        """The request, or None when the raw contents do not fit (the full decoding then gives
+        the error). Every object the request holds is its own (the host writes to them)."""
+        if len(spans) != self.raws:
+            return None
+        inputs: dict[str, Tensor] = {}
+        k = 0
+        for name, datatype, shape, dtype, count, size, params in self.inputs:
+            if dtype is None:
+                inputs[name] = Tensor(name, datatype, list(shape), None, dict(params))
+                continue
+            start, end = spans[k]
+            k += 1
+            if end - start != size:
+                return None
+            # a copy of its bytes, as upb's field gives: aligned for the backend, and the
+            # message is not kept alive by its inputs
+            array = np.frombuffer(data[start:end], dtype, count)
+            if len(shape) != 1:
+                array = array.reshape(shape)
+            inputs[name] = Tensor(name, datatype, list(shape), array, dict(params) if params else {})
+        outputs = [RequestedOutput(name, dict(params) if params else {}) for name, params in self.outputs]
+        request = InferenceRequest(self.model, self.version, self.request_id, inputs, outputs,
+                                   dict(self.parameters) if self.parameters else {}, "grpc")
+        request.uses_shm = self.uses_shm
+        return request
+
+
+_PLANS: dict[bytes, _Plan] = {}
+_PLANS_MAX = 1024  # emptied when full: ever new requests cost an insertion each, never memory
+_PLAN_KEY_MAX = 4096
+_last_plan: _Plan | None = None  # the plan of the last request that had one: tried first
+
+
+def parse_infer_request(data: bytes) -> InferenceRequest:
+    """A serialized ModelInferRequest, decoded (`decode_infer_request`); raises protobuf's
+    DecodeError for bytes that are not one."""
+    planned = _planned(data)
+    if planned is not None:
+        return planned[1]
+    split = _split(data)
+    msg = pb.ModelInferRequest.FromString(data)
+    request = decode_infer_request(msg)
+    _keep_plan(split, request, msg)
+    return request
+
+
+def read_stream_request(data: bytes) -> tuple[Any, InferenceRequest | Exception]:
+    """A stream's request message: (the message, or what stands for it: its model_name,
+    model_version and id; the decoded request, or the error decoding it raised, which the
+    stream reports in the request's turn). Raises DecodeError as `parse_infer_request`."""
+    planned = _planned(data)
+    if planned is not None:
+        return planned
+    split = _split(data)
+    msg = pb.ModelInferRequest.FromString(data)
+    try:
+        request = decode_infer_request(msg)
+    except Exception as exc:  # noqa: BLE001 - the stream answers it, in order
+        return msg, exc
+    _keep_plan(split, request, msg)
+    return msg, request
+
+
+def _planned(data: bytes) -> tuple[_Plan, InferenceRequest] | None:
+    global _last_plan
+    last = _last_plan
+    if last is not None and data.startswith(last.key):
+        spans = _raw_spans(data, len(last.key))
+        if spans is not None:
+            request = last.decode(data, spans)
+            if request is not None:
+                return last, request
+    split = _split(data)
+    if split is not None:
+        plan = _PLANS.get(split[0])
+        if plan is not None:
+            request = plan.decode(data, split[1])
+            if request is not None:
+                _last_plan = plan
+                return plan, request
+    return None
+
+
+def _keep_plan(split: tuple[bytes, list[tuple[int, int]]] | None, request: InferenceRequest,
+               msg: Any) -> None:
+    """Keep the plan of a request that can have one (see _Plan)."""
+    global _last_plan
+    if split is None or len(split[0]) > _PLAN_KEY_MAX or request.data_errors:
+        return
+    key, spans = split
+    sizes = [end - start for start, end in spans]
+    fixed = [t for t in request.inputs.values() if t.data is not None]
+    if len(fixed) == len(sizes) and all(t.datatype != "BYTES" for t in fixed):
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = _last_plan = _Plan(key, request, sizes, msg)
+
+
 # --- response --------------------------------------------------------------------------------
 
 def _raw_output(t: Tensor, view: bool = False) -> bytes | memoryview:

@@ -52,6 +52,7 @@ from grpc._cython import cygrpc  # noqa: E402
 from host import affinity, scheduler  # noqa: E402
 from host.errors import HostError  # noqa: E402
 from host.logs import GrpcCallLog  # noqa: E402
+from host.grpc import codec  # noqa: E402
 from host.grpc.servicer import DEFERRED, Servicer  # noqa: E402
 from host.grpc.status import status_code  # noqa: E402
 from host.proto import grpc_service_pb2 as pb  # noqa: E402
@@ -271,9 +272,9 @@ class _StreamCall:
         if data is None:  # the client closed its side (or the call is gone)
             self.stream.end_of_requests()
             return
-        request = ticket = None
+        msg = decoded = ticket = None
         try:
-            request = pb.ModelInferRequest.FromString(data)
+            msg, decoded = codec.read_stream_request(data)
         except DecodeError:
             self.stream.request_error("failed to parse the request message")
         else:
@@ -281,11 +282,11 @@ class _StreamCall:
                 # Triton's stream handler once its server is stopping (its text)
                 self.stream.request_error(_SHUTTING_DOWN)
             else:
-                ticket = self.stream.admit(request)  # its place first, then the next one is read
+                ticket = self.stream.admit(msg)  # its place first, then the next one is read
         self.call.start_server_batch((_ReceiveMessage(_NO_FLAGS),), self._on_message)
         if ticket is not None:
             # On this thread: if it takes long, other polling threads read and run the next ones.
-            self.stream.run(request, ticket)
+            self.stream.run(msg, ticket, decoded)
 
     def _on_close(self, event: Any) -> None:
         if self.counter is not None:
@@ -429,7 +430,10 @@ def _unary_table(servicer: Servicer) -> dict[bytes, tuple[Callable, Callable]]:
         handler = getattr(servicer, method.name)
         if delay and method.name != "ModelInfer":
             handler = _delayed(handler, delay)
-        table[f"/{SERVICE}/{method.name}".encode()] = (handler, request_class.FromString)
+        # ModelInfer's request is decoded as it is parsed (host.grpc.codec.parse_infer_request):
+        # a request that repeats the fields of an earlier one skips upb.
+        parse = codec.parse_infer_request if method.name == "ModelInfer" else request_class.FromString
+        table[f"/{SERVICE}/{method.name}".encode()] = (handler, parse)
     # The standard health service Triton also serves (its request names a service: ignored).
     table[b"/grpc.health.v1.Health/Check"] = (
         _delayed(servicer.Check, delay) if delay else servicer.Check, bytes)

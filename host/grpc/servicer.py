@@ -1,9 +1,10 @@
 """Triton's GRPCInferenceService over a `Host`: one method per rpc.
 
 Thin by design: each unary method takes the request message, turns it into core types
-(`host.grpc.codec`), makes one call into the host and returns the response message; errors are
-the host's `HostError`s, which the transport (`host.grpc.server`) turns into a gRPC status with
-the one table in `host.grpc.status`. ModelStreamInfer returns a `host.grpc.stream.Stream`.
+(`host.grpc.codec`; ModelInfer's comes decoded by the transport), makes one call into the host
+and returns the response message; errors are the host's `HostError`s, which the transport
+(`host.grpc.server`) turns into a gRPC status with the one table in `host.grpc.status`.
+ModelStreamInfer returns a `host.grpc.stream.Stream`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable, Protocol
 
 from host.grpc import codec
 from host.grpc.stream import Stream, Writer
+from host.inference import InferenceRequest
 from host.proto import grpc_service_pb2 as pb
 
 log = logging.getLogger("host.grpc")
@@ -110,8 +112,8 @@ class Servicer:
         return codec.statistics(self.host.statistics(request.name, request.version))
 
     # --- inference -------------------------------------------------------------------------
-    def ModelInfer(self, request: Any, call: Call) -> Any:
-        infer_request = codec.decode_infer_request(request)
+    def ModelInfer(self, infer_request: InferenceRequest, call: Call) -> Any:
+        """`infer_request`: the call's message already decoded (codec.parse_infer_request)."""
         read_ns = getattr(call, "read_ns", None)
         # Triton's gRPC activities, for a trace (host.trace): only while a setting can sample
         if read_ns is not None and getattr(self.host, "tracing", True):
@@ -120,7 +122,7 @@ class Servicer:
         if self.forward is not None:
             self.forward.apply(infer_request, call.metadata)
         call.add_cancel_callback(infer_request.cancel)
-        request_id = request.id
+        request_id = infer_request.id
 
         def done(response: Any) -> None:
             # On the thread that finished the request: the caller's for a model that runs in

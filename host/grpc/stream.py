@@ -143,14 +143,20 @@ class Stream:
                 self._last_sequenced = submitted
         return Ticket(slot, decoupled, after, submitted)
 
-    def run(self, msg: Any, ticket: Ticket) -> None:
-        """Decode an admitted request and submit it to the host; errors go out on the stream."""
+    def run(self, msg: Any, ticket: Ticket, decoded: InferenceRequest | Exception | None = None) -> None:
+        """Submit an admitted request to the host; errors go out on the stream. `decoded`: the
+        request, or the error decoding it raised (codec.read_stream_request); None: decode
+        `msg` here."""
         slot = ticket.slot
         request = None
         if ticket.after is not None:
             ticket.after.wait(self._lock)
         try:
-            request = codec.decode_infer_request(msg)
+            if decoded is None:
+                decoded = codec.decode_infer_request(msg)
+            if isinstance(decoded, Exception):
+                raise decoded
+            request = decoded
             if self.forward is not None:
                 self.forward.apply(request, getattr(self.writer, "metadata", ()))
             empty_final = request.parameters.get(EMPTY_FINAL_RESPONSE) is True
