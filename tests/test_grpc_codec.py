@@ -350,68 +350,98 @@ def _decoded(request):
             [(o.name, o.parameters) for o in request.outputs])
 
 
-def _planned_request(values) -> bytes:
+def _planned_request(values, request_id="r1") -> bytes:
     msg = _request(InputTensor(name="X", datatype="FP32", shape=[2, 2]),
                    InputTensor(name="S", datatype="INT32", shape=[2], parameters={
                        "shared_memory_region": pb.InferParameter(string_param="region"),
                        "shared_memory_byte_size": pb.InferParameter(int64_param=8)}),
-                   raw=[np.array(values, dtype=np.float32).tobytes()], id="r1", model_version="3",
+                   raw=[np.array(values, dtype=np.float32).tobytes()], id=request_id, model_version="3",
                    parameters={"p": pb.InferParameter(int64_param=5)},
                    outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="O", parameters={
                        "classification": pb.InferParameter(int64_param=2)})])
     return msg.SerializeToString()
 
 
-def test_a_request_that_repeats_its_fields_decodes_as_upb_would_into_objects_of_its_own() -> None:
+def _forget_plans() -> None:
     codec._PLANS.clear()
+    codec._SEEN.clear()
     codec._last_plan = None
+
+
+def _upb(data: bytes):
+    return codec.decode_infer_request(pb.ModelInferRequest.FromString(data))
+
+
+def test_a_request_that_repeats_its_fields_decodes_as_upb_would_into_objects_of_its_own() -> None:
+    _forget_plans()
+    first = codec.parse_infer_request(_planned_request([1, 2, 3, 4]))
+    assert not codec._PLANS  # seen once: no plan yet
     first = codec.parse_infer_request(_planned_request([1, 2, 3, 4]))
     assert len(codec._PLANS) == 1
     first.parameters["p"] = 6  # what the host does to a request
     first.inputs["X"].shape.append(1)
     first.inputs["S"].parameters.clear()
     first.outputs[0].parameters.clear()
-    for values in ([1, 2, 3, 4], [5, 6, 7, 8]):  # the same fields, other data
-        data = _planned_request(values)
+    # the same fields, other data and other ids (an id of its own for each request, as streams send)
+    for values, request_id in (([1, 2, 3, 4], "r1"), ([5, 6, 7, 8], "r2"), ([5, 6, 7, 8], ""),
+                               ([0, 0, 0, 1], "\u00e9t\u00e9")):
+        data = _planned_request(values, request_id)
         planned = codec.parse_infer_request(data)
-        assert _decoded(planned) == _decoded(codec.decode_infer_request(pb.ModelInferRequest.FromString(data)))
+        assert _decoded(planned) == _decoded(_upb(data))
+        assert planned.id == request_id
         assert planned.inputs["X"].data.tolist() == np.reshape(values, (2, 2)).tolist()
+    assert len(codec._PLANS) == 1  # one plan whatever the id (the request without one came once)
     codec._last_plan = None  # found by its key as well as by the last plan
-    assert _decoded(codec.parse_infer_request(data))[5][0][3] == [[5, 6], [7, 8]]
-    msg, request = codec.read_stream_request(data)  # a stream's: what stands for the message
-    assert (msg.model_name, msg.model_version, msg.id) == ("m", "3", "r1")
-    assert _decoded(request) == _decoded(planned)
+    assert _decoded(codec.parse_infer_request(data))[5][0][3] == [[0, 0], [0, 1]]
+    msg, request = codec.read_stream_request(_planned_request([1, 2, 3, 4], "r9"))  # a stream's
+    assert (msg.model_name, msg.model_version, msg.id) == ("m", "3", "r9")
+    assert _decoded(request) == _decoded(_upb(_planned_request([1, 2, 3, 4], "r9")))
 
 
 def test_requests_that_do_not_fit_their_plan_are_decoded_in_full() -> None:
-    codec._PLANS.clear()
+    _forget_plans()
     data = _planned_request([1, 2, 3, 4])
     codec.parse_infer_request(data)
+    codec.parse_infer_request(data)
+    assert codec._PLANS
     # a raw content of another size: the full decoding's error
     short = _planned_request([1, 2, 3])  # the same fields, 12 bytes of data
     assert codec.parse_infer_request(short).data_errors["X"].message.endswith("Expected 16, got 12")
-    # one raw content too many, a field after the raw contents: as upb reads them
-    for variant in (data + b"\x3a\x04abcd", data + b"\x1a\x02r2"):
-        assert _decoded(codec.parse_infer_request(variant)) == _decoded(
-            codec.decode_infer_request(pb.ModelInferRequest.FromString(variant)))
+    # one raw content too many, a field after the raw contents, the id twice: as upb reads them
+    for variant in (data + b"\x3a\x04abcd", data + b"\x1a\x02r2", b"\x1a\x02r0" + data):
+        assert _decoded(codec.parse_infer_request(variant)) == _decoded(_upb(variant))
     assert codec.parse_infer_request(data + b"\x1a\x02r2").id == "r2"
     with pytest.raises(Exception, match="Error parsing message"):  # cut short: upb's DecodeError
         codec.parse_infer_request(data[:-1])
+    bad_id = data.replace(b"\x1a\x02r1", b"\x1a\x02\xff\xfe")  # not UTF-8: upb refuses it
+    with pytest.raises(Exception, match="Error parsing message"):
+        codec.parse_infer_request(bad_id)
     msg, error = codec.read_stream_request(_request(
         InputTensor(name="X", datatype="FP32", shape=[2])).SerializeToString())
     assert isinstance(error, InvalidArgumentError) and msg.model_name == "m"
 
 
 def test_bytes_and_typed_contents_are_decoded_every_time() -> None:
-    codec._PLANS.clear()
+    _forget_plans()
     items = [b"a", b"bc"]
     typed = _request(InputTensor(name="T", datatype="INT32", shape=[2],
                                  contents=pb.InferTensorContents(int_contents=[1, 2]))).SerializeToString()
     raw_bytes = _request(InputTensor(name="B", datatype="BYTES", shape=[2]),
                          raw=[datatypes.serialize_bytes(np.array(items, dtype=object))]).SerializeToString()
-    for data in (typed, typed, raw_bytes, raw_bytes):
+    for data in (typed, typed, typed, raw_bytes, raw_bytes, raw_bytes):
         codec.parse_infer_request(data)
     assert not codec._PLANS
     first, second = codec.parse_infer_request(typed), codec.parse_infer_request(typed)
     first.inputs["T"].data[0] = 9
     assert second.inputs["T"].data.tolist() == [1, 2]
+
+
+def test_the_kept_plans_are_bounded(monkeypatch) -> None:
+    _forget_plans()
+    monkeypatch.setattr(codec, "_PLANS_MAX", 4)
+    for n in range(10):
+        data = _request(InputTensor(name=f"X{n}", datatype="FP32", shape=[1]),
+                        raw=[b"\0\0\0\0"]).SerializeToString()
+        codec.parse_infer_request(data)
+        codec.parse_infer_request(data)
+        assert 1 <= len(codec._PLANS) <= 4 and len(codec._SEEN) <= 4

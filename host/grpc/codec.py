@@ -197,15 +197,33 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
 
 # --- request bytes: headers read before ------------------------------------------------------
 #
-# A client sends the same request again and again but for the tensors' bytes: the same model,
-# inputs, shapes and outputs. The fields before `raw_input_contents` (field 7; tritonclient and
-# perf_analyzer put it last) are then the same bytes each time, and what they decode to can be
-# kept (_Plan), keyed by those bytes: the message is split by hand (every field of a
-# ModelInferRequest is length-delimited) and neither upb nor the field-by-field decoding runs.
-# Anything else (another field after the raw contents, a field this split does not know, data that
-# does not fit the plan) goes through upb and `decode_infer_request`, whose errors are the answer.
+# A client sends the same request again and again but for the tensors' bytes and the request id:
+# the same model, inputs, shapes and outputs. The fields before `raw_input_contents` (field 7;
+# tritonclient and perf_analyzer put it last), but for the id, are then the same bytes each time,
+# and what they decode to can be kept (_Plan), keyed by those bytes: the message is split by hand
+# (every field of a ModelInferRequest is length-delimited) and neither upb nor the field-by-field
+# decoding runs. Anything else (another field after the raw contents, a field twice, a field this
+# split does not know, data that does not fit the plan) goes through upb and
+# `decode_infer_request`, whose errors are the answer.
 
+_ID_TAG_IN = 3 << 3 | 2  # ModelInferRequest.id
 _RAW_TAG = 7 << 3 | 2  # ModelInferRequest.raw_input_contents
+
+
+class _Split:
+    """A message cut at its id and its raw contents: `before` the id field, the id's value
+    (`id_at`, `id_end`; id_at -1 without one), the fields `after` it up to the raw contents,
+    and each raw content's (start, end)."""
+
+    __slots__ = ("before", "id_at", "id_end", "after", "spans")
+
+    def __init__(self, before: bytes, id_at: int, id_end: int, after: bytes,
+                 spans: list[tuple[int, int]]) -> None:
+        self.before, self.id_at, self.id_end, self.after, self.spans = before, id_at, id_end, after, spans
+
+    @property
+    def key(self) -> tuple[bytes, bytes, bool]:
+        return self.before, self.after, self.id_at >= 0
 
 
 def _raw_spans(data: bytes, pos: int) -> list[tuple[int, int]] | None:
@@ -225,22 +243,32 @@ def _raw_spans(data: bytes, pos: int) -> list[tuple[int, int]] | None:
     return spans
 
 
-def _split(data: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
-    """The bytes before the first raw_input_contents field and the spans of those fields, when
-    only they follow it and every field is well formed; else None."""
+def _split(data: bytes) -> _Split | None:
+    """The message cut as _Split says, when only raw contents follow the first of them, the id
+    comes at most once and every field is well formed; else None."""
     pos, n = 0, len(data)
+    id_tag = id_at = id_end = -1
     while pos < n:
         tag = data[pos]
         if tag == _RAW_TAG:
-            spans = _raw_spans(data, pos)
-            return (data[:pos], spans) if spans is not None else None
+            break
         if tag & 7 != 2 or tag > 0x7F:  # fields 1-15, length-delimited: the message's own
             return None
         start, length = _length(data, pos + 1)
-        pos = start + length
-        if start < 0 or pos > n:
+        end = start + length
+        if start < 0 or end > n:
             return None
-    return data, []
+        if tag == _ID_TAG_IN:
+            if id_tag >= 0:
+                return None
+            id_tag, id_at, id_end = pos, start, end
+        pos = end
+    spans = _raw_spans(data, pos)
+    if spans is None:
+        return None
+    if id_tag < 0:
+        return _Split(data[:pos], -1, -1, b"", spans)
+    return _Split(data[:id_tag], id_at, id_end, data[id_end:pos], spans)
 
 
 def _length(data: bytes, pos: int) -> tuple[int, int]:
@@ -257,32 +285,62 @@ def _length(data: bytes, pos: int) -> tuple[int, int]:
     return -1, 0
 
 
+class _Message:
+    """What stands for a planned request's message where a stream needs it."""
+
+    __slots__ = ("model_name", "model_version", "id")
+
+    def __init__(self, model_name: str, model_version: str, request_id: str) -> None:
+        self.model_name, self.model_version, self.id = model_name, model_version, request_id
+
+
 class _Plan:
-    """What a request's fields before its raw contents decode to (see above). Made only from a
-    request that decoded without an error, whose inputs all came from raw contents of a
-    fixed-size datatype or from shared memory, so that those fields, the number of raw contents
-    and their sizes decide the result. It also stands for the message where a stream needs its
-    model_name, model_version and id (`read_stream_request`)."""
+    """What a request's fields before its raw contents, but its id, decode to (see above). Made
+    only from a request that decoded without an error, whose inputs all came from raw contents
+    of a fixed-size datatype or from shared memory, so that those fields, the id, the number of
+    raw contents and their sizes decide the result."""
 
-    __slots__ = ("key", "model", "version", "request_id", "parameters", "inputs", "outputs", "raws",
-                 "uses_shm", "model_name", "model_version", "id")
+    __slots__ = ("before", "after", "has_id", "model", "version", "model_version", "parameters",
+                 "inputs", "outputs", "raws", "uses_shm")
 
-    def __init__(self, key: bytes, request: InferenceRequest, sizes: list[int], msg: Any) -> None:
-        self.key = key
-        self.model_name, self.model_version, self.id = msg.model_name, msg.model_version, msg.id
-        self.model, self.version, self.request_id = request.model_name, request.model_version, request.id
+    def __init__(self, split: _Split, request: InferenceRequest, msg: Any) -> None:
+        self.before, self.after, self.has_id = split.key
+        self.model, self.version, self.model_version = request.model_name, request.model_version, msg.model_version
         self.parameters = dict(request.parameters)
         # (name, datatype, shape, numpy dtype or None for shared memory, count, byte size, parameters)
-        raw = iter(sizes)
+        raw = iter([end - start for start, end in split.spans])
         self.inputs = tuple(
             (t.name, t.datatype, tuple(t.shape), None if t.data is None else t.data.dtype,
              0 if t.data is None else t.data.size, 0 if t.data is None else next(raw),
              dict(t.parameters)) for t in request.inputs.values())
-        self.raws = len(sizes)
+        self.raws = len(split.spans)
         self.outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
         self.uses_shm = request.uses_shm
 
-    def decode(self, data: bytes, spans: list[tuple[int, int]]) -> InferenceRequest | None:
+    def match(self, data: bytes) -> tuple[str, list[tuple[int, int]]] | None:
+        """(id, raw spans) when `data` is this plan's fields around an id, then raw contents."""
+        before = self.before
+        if not data.startswith(before):
+            return None
+        pos = len(before)
+        request_id = ""
+        if self.has_id:
+            if pos >= len(data) or data[pos] != _ID_TAG_IN:
+                return None
+            start, length = _length(data, pos + 1)
+            pos = start + length
+            if start < 0 or pos > len(data):
+                return None
+            try:  # upb refuses an id that is not UTF-8 (the full decoding then raises)
+                request_id = data[start:pos].decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        if not data.startswith(self.after, pos):
+            return None
+        spans = _raw_spans(data, pos + len(self.after))
+        return (request_id, spans) if spans is not None else None
+
+    def decode(self, data: bytes, request_id: str, spans: list[tuple[int, int]]) -> InferenceRequest | None:
         """The request, or None when the raw contents do not fit (the full decoding then gives
         the error). Every object the request holds is its own (the host writes to them)."""
         if len(spans) != self.raws:
@@ -304,14 +362,18 @@ class _Plan:
                 array = array.reshape(shape)
             inputs[name] = Tensor(name, datatype, list(shape), array, dict(params) if params else {})
         outputs = [RequestedOutput(name, dict(params) if params else {}) for name, params in self.outputs]
-        request = InferenceRequest(self.model, self.version, self.request_id, inputs, outputs,
+        request = InferenceRequest(self.model, self.version, request_id, inputs, outputs,
                                    dict(self.parameters) if self.parameters else {}, "grpc")
         request.uses_shm = self.uses_shm
         return request
 
 
-_PLANS: dict[bytes, _Plan] = {}
-_PLANS_MAX = 1024  # emptied when full: ever new requests cost an insertion each, never memory
+# Plans by key (_Split.key), and keys seen once: a plan is made the second time its key comes, so
+# that requests which never repeat cost a set insertion each, not a plan. Both are bounded
+# (emptied when full): ever new requests never cost memory.
+_PLANS: dict[tuple[bytes, bytes, bool], _Plan] = {}
+_SEEN: set[tuple[bytes, bytes, bool]] = set()
+_PLANS_MAX = 1024
 _PLAN_KEY_MAX = 4096
 _last_plan: _Plan | None = None  # the plan of the last request that had one: tried first
 
@@ -319,10 +381,9 @@ _last_plan: _Plan | None = None  # the plan of the last request that had one: tr
 def parse_infer_request(data: bytes) -> InferenceRequest:
     """A serialized ModelInferRequest, decoded (`decode_infer_request`); raises protobuf's
     DecodeError for bytes that are not one."""
-    planned = _planned(data)
+    planned, split = _planned(data)
     if planned is not None:
         return planned[1]
-    split = _split(data)
     msg = pb.ModelInferRequest.FromString(data)
     request = decode_infer_request(msg)
     _keep_plan(split, request, msg)
@@ -333,10 +394,10 @@ def read_stream_request(data: bytes) -> tuple[Any, InferenceRequest | Exception]
     """A stream's request message: (the message, or what stands for it: its model_name,
     model_version and id; the decoded request, or the error decoding it raised, which the
     stream reports in the request's turn). Raises DecodeError as `parse_infer_request`."""
-    planned = _planned(data)
+    planned, split = _planned(data)
     if planned is not None:
-        return planned
-    split = _split(data)
+        plan, request = planned
+        return _Message(plan.model, plan.model_version, request.id), request
     msg = pb.ModelInferRequest.FromString(data)
     try:
         request = decode_infer_request(msg)
@@ -346,39 +407,50 @@ def read_stream_request(data: bytes) -> tuple[Any, InferenceRequest | Exception]
     return msg, request
 
 
-def _planned(data: bytes) -> tuple[_Plan, InferenceRequest] | None:
+def _planned(data: bytes) -> tuple[tuple[_Plan, InferenceRequest] | None, _Split | None]:
+    """(the plan and its request, or None; the split when it was needed)."""
     global _last_plan
     last = _last_plan
-    if last is not None and data.startswith(last.key):
-        spans = _raw_spans(data, len(last.key))
-        if spans is not None:
-            request = last.decode(data, spans)
+    if last is not None:
+        matched = last.match(data)
+        if matched is not None:
+            request = last.decode(data, *matched)
             if request is not None:
-                return last, request
+                return (last, request), None
     split = _split(data)
     if split is not None:
-        plan = _PLANS.get(split[0])
+        plan = _PLANS.get(split.key)
         if plan is not None:
-            request = plan.decode(data, split[1])
+            request_id = ""
+            if split.id_at >= 0:
+                try:
+                    request_id = data[split.id_at:split.id_end].decode("utf-8")
+                except UnicodeDecodeError:
+                    return None, None
+            request = plan.decode(data, request_id, split.spans)
             if request is not None:
                 _last_plan = plan
-                return plan, request
-    return None
+                return (plan, request), split
+    return None, split
 
 
-def _keep_plan(split: tuple[bytes, list[tuple[int, int]]] | None, request: InferenceRequest,
-               msg: Any) -> None:
-    """Keep the plan of a request that can have one (see _Plan)."""
+def _keep_plan(split: _Split | None, request: InferenceRequest, msg: Any) -> None:
+    """Keep the plan of a request that can have one (see _Plan), the second time it comes."""
     global _last_plan
-    if split is None or len(split[0]) > _PLAN_KEY_MAX or request.data_errors:
+    if split is None or len(split.before) + len(split.after) > _PLAN_KEY_MAX or request.data_errors:
         return
-    key, spans = split
-    sizes = [end - start for start, end in spans]
     fixed = [t for t in request.inputs.values() if t.data is not None]
-    if len(fixed) == len(sizes) and all(t.datatype != "BYTES" for t in fixed):
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = _last_plan = _Plan(key, request, sizes, msg)
+    if len(fixed) != len(split.spans) or any(t.datatype == "BYTES" for t in fixed):
+        return
+    key = split.key
+    if key not in _SEEN:
+        if len(_SEEN) >= _PLANS_MAX:
+            _SEEN.clear()
+        _SEEN.add(key)
+        return
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = _last_plan = _Plan(split, request, msg)
 
 
 # --- response --------------------------------------------------------------------------------

@@ -612,9 +612,12 @@ class _Plan:
         return request, OutputFormat(self.default_binary, dict(self.binary) if self.binary else {})
 
 
-# Headers read before (_Plan), by their bytes. Bounded: emptied when full, so that a client that
-# sends ever new headers costs a dict insertion per request and never memory.
+# Headers read before (_Plan), by their bytes, and headers seen once: a plan is made the second
+# time its header comes, so that headers which never repeat (a request id of their own, say) cost
+# a set insertion each, not a plan. Both are bounded (emptied when full): ever new headers never
+# cost memory.
 _PLANS: dict[bytes, _Plan] = {}
+_SEEN: set[bytes] = set()
 _PLANS_MAX = 1024
 _PLAN_HEADER_MAX = 4096  # longer headers are not kept (they carry many inputs: reading them dominates less)
 
@@ -680,9 +683,14 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
     else:
         request.uses_shm = _uses_shm(request)
         if sizes is not None and key is not None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            _PLANS[key] = _Plan(request, sizes, fmt)
+            if key not in _SEEN:
+                if len(_SEEN) >= _PLANS_MAX:
+                    _SEEN.clear()
+                _SEEN.add(key)
+            else:
+                if len(_PLANS) >= _PLANS_MAX:
+                    _PLANS.clear()
+                _PLANS[key] = _Plan(request, sizes, fmt)
     return request, fmt
 
 
