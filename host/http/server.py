@@ -221,7 +221,7 @@ _default_parse = head_parser()
 
 class _Connection:
     __slots__ = ("sock", "pending", "server_addr", "client_addr", "parse", "body", "head", "head_env",
-                 "gone")
+                 "gone", "facts")
 
     def __init__(self, sock: socket.socket, server_addr: tuple, client_addr: tuple,
                  parse: Callable = _default_parse) -> None:
@@ -237,6 +237,9 @@ class _Connection:
         self.head = b""
         self.head_env: dict[str, Any] = {}
         self.gone = functools.partial(_peer_closed, sock)  # CLIENT_GONE of its requests
+        # The framing of the request being read (host.http.server._framing): kept while the
+        # same head comes again, None when a new one must be worked out.
+        self.facts: tuple[bool, bool, bool, int, bool] | None = None
 
     def send(self, data: bytes) -> None:
         try:
@@ -317,6 +320,7 @@ class _Connection:
                     # connection's). A copy: the request's handling writes into its environ.
                     env, consumed = self.head_env.copy(), len(head)
                     break
+                self.facts = None
                 try:
                     env, consumed = self.parse(data, self.server_addr, self.client_addr)
                     self.head, self.head_env = data[:consumed], env.copy()
@@ -328,6 +332,7 @@ class _Connection:
                     if str(exc) != _CL_WITH_TE:
                         raise _BadRequest(str(exc) or type(exc).__name__) from None
                     env, consumed = self._parse_chunked_over_length(data)
+                    self.head = b""  # framed two ways: never taken again from a kept environ
                     break
             try:
                 chunk = self.sock.recv(_RECV)
@@ -612,29 +617,10 @@ class HTTPServer:
         path = env["PATH_INFO"]
         if "%" in path:
             env["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
-        http11 = env["SERVER_PROTOCOL"] == "HTTP/1.1"
-        connection = env.get("HTTP_CONNECTION", "").lower()
-        keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
-        if env.pop(_CLOSE_AFTER, False):
-            keep_alive = False
-        coding = env.get("HTTP_TRANSFER_ENCODING")
-        chunked = coding is not None
-        if coding is not None:  # chunked
-            # Only plain `chunked` (RFC 9112 6.1): other codings are not implemented, and a
-            # body framed two ways (with Content-Length too) is how requests are smuggled.
-            if [c.strip().lower() for c in coding.split(",")] != ["chunked"]:
-                raise _NotImplemented(f"unsupported Transfer-Encoding '{coding}'")
-            if env.get("CONTENT_LENGTH"):
-                raise _BadRequest("a request may not have both Content-Length and Transfer-Encoding")
-            length = 0
-        else:
-            try:
-                length = int(env.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                raise _BadRequest("invalid Content-Length") from None
-            if length < 0:
-                raise _BadRequest("invalid Content-Length")
-        expect = env.get("HTTP_EXPECT", "").lower() == "100-continue"
+        facts = conn.facts  # the head's framing, when it is the last head again (read_environ)
+        if facts is None:
+            facts = conn.facts = _framing(env)
+        http11, keep_alive, chunked, length, expect = facts
         body = conn.body = _Body(conn, length, chunked, expect)
         env["wsgi.input"] = body
         env[CLIENT_GONE] = conn.gone
@@ -711,6 +697,36 @@ class HTTPServer:
         if use_chunks:
             conn.send(b"0\r\n\r\n")
         return keep_alive
+
+
+def _framing(env: dict) -> tuple[bool, bool, bool, int, bool]:
+    """(HTTP/1.1, keep-alive, chunked, Content-Length, Expect: 100-continue) of a request head,
+    or the error that refuses it. A function of the head alone: a connection keeps it with the
+    head's environ (_Connection.read_environ)."""
+    http11 = env["SERVER_PROTOCOL"] == "HTTP/1.1"
+    connection = env.get("HTTP_CONNECTION", "").lower()
+    keep_alive = ("close" not in connection) if http11 else ("keep-alive" in connection)
+    if env.pop(_CLOSE_AFTER, False):
+        keep_alive = False
+    coding = env.get("HTTP_TRANSFER_ENCODING")
+    chunked = coding is not None
+    if coding is not None:  # chunked
+        # Only plain `chunked` (RFC 9112 6.1): other codings are not implemented, and a
+        # body framed two ways (with Content-Length too) is how requests are smuggled.
+        if [c.strip().lower() for c in coding.split(",")] != ["chunked"]:
+            raise _NotImplemented(f"unsupported Transfer-Encoding '{coding}'")
+        if env.get("CONTENT_LENGTH"):
+            raise _BadRequest("a request may not have both Content-Length and Transfer-Encoding")
+        length = 0
+    else:
+        try:
+            length = int(env.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise _BadRequest("invalid Content-Length") from None
+        if length < 0:
+            raise _BadRequest("invalid Content-Length")
+    expect = env.get("HTTP_EXPECT", "").lower() == "100-continue"
+    return http11, keep_alive, chunked, length, expect
 
 
 def _connection_header(keep_alive: bool, http11: bool) -> str:
