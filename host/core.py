@@ -329,7 +329,11 @@ class Host:
                 else:
                     done(got[-1].error or got[-1])
 
-        self._submit(mv, request, collect, deferrable)
+        run = (mv.stages or Stages.of(self, mv)).run  # `_submit`, inlined: once per request
+        if deferrable:
+            submit_deferrable(run, request, collect)
+        else:
+            run(request, collect)
 
     def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
         """Yield each response as it comes (final included when it carries data); closing early

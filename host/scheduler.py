@@ -146,7 +146,8 @@ def _execute_batch(model: ModelVersion, slot: InstanceSlot, requests: Sequence[I
     held = bls.HELD.set(chain + (slot,))  # for BLS calls made by this execute
     called = time.perf_counter_ns()
     failure: BaseException | None = None
-    executing = supervise.executing(model.name)  # if the process dies now, the log names it
+    # if the process dies now, the log names it (no call without a supervisor's board)
+    executing = supervise.executing(model.name) if supervise.board is not None else -1
     # A long execute (the last one was, or this is the first) may use every CPU (host.affinity).
     widened = model.wide_execute and affinity.widen()
     limiter = model.rate_limiter  # --rate-limit=execution_count: wait for the resources, and turn
@@ -264,12 +265,20 @@ class DirectScheduler:
     def submit(self, request: InferenceRequest) -> None:
         if request.held and _run_reentrant(self.model, self._instances, request):
             return
-        slot = self._take(request)
+        try:  # `_take`'s common case inlined: an instance is free (this runs for every request)
+            slot: InstanceSlot | None = self._free.get_nowait()
+            if self._retiring and slot in self._retiring:
+                self._collect(slot)
+                slot = self._take(request)
+        except queue.Empty:
+            slot = self._take(request)
         if slot is None:
             return
         try:
-            if request.is_cancelled():
+            if request.cancelled:
                 _fail([request], CancelledError("request was cancelled"))
+            elif _deferral.runs is None:  # `execute_batch`, without its call
+                _execute_batch(self.model, slot, [request])
             else:
                 execute_batch(self.model, slot, [request])
         finally:

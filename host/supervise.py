@@ -105,8 +105,9 @@ class Board:
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-# The worker's board (None outside a supervised worker): the request path asks `executing()`.
-_board: Board | None = None
+# The worker's board (None outside a supervised worker): the request path asks `executing()`,
+# and reads this first (no call per execute where there is none).
+board: Board | None = None
 
 
 _executing: dict[str, bytes] = {}  # model name -> its "executing model '<name>'" slot text
@@ -118,22 +119,22 @@ def _text(text: str) -> bytes:
 
 def executing(model: str) -> int:
     """Note that this thread runs `model` (returns a token for `done`); free without a board."""
-    if _board is None:
+    if board is None:
         return -1
     text = _executing.get(model)
     if text is None:
         text = _executing[model] = _text(f"executing model '{model}'")
-    return _board.begin(text)
+    return board.begin(text)
 
 
 def loading(model: str, version: int) -> int:
     """Note that this thread loads a model version (returns a token for `done`)."""
-    return _board.begin(_text(f"loading model '{model}' version {version}")) if _board is not None else -1
+    return board.begin(_text(f"loading model '{model}' version {version}")) if board is not None else -1
 
 
 def done(token: int) -> None:
-    if token >= 0 and _board is not None:
-        _board.end(token)
+    if token >= 0 and board is not None:
+        board.end(token)
 
 
 class Journal:
@@ -236,8 +237,8 @@ class Supervisor:
     def worker_started(self) -> Journal:
         """In the worker, before its models load: the board becomes the process's board, and
         the journal of the previous worker (if one crashed) is read."""
-        global _board
-        _board = self.board
+        global board
+        board = self.board
         journal = Journal(self.journal_path)
         journal.read()
         return journal

@@ -478,6 +478,11 @@ def test_headers_with_json_or_bytes_data_are_read_every_time():
     assert second.inputs["J"].data.tolist() == [0, 1, 2, 3]
     for _ in range(3):
         _decode([_input("T", SAMPLES["BYTES"], "BYTES", True)])
+    # a parameter that is a list: the requests would share it
+    listed = httpclient.InferRequestedOutput("OUT")
+    listed._parameters["tags"] = ["a"]
+    for _ in range(3):
+        _decode([_input("B", x, "INT32", True)], [listed])
     assert not codec._PLANS
 
 

@@ -682,7 +682,7 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
         request.data_errors = validation.tagged(request, data_errors)
     else:
         request.uses_shm = _uses_shm(request)
-        if sizes is not None and key is not None:
+        if sizes is not None and key is not None and _scalars_only(request):
             if key not in _SEEN:
                 if len(_SEEN) >= _PLANS_MAX:
                     _SEEN.clear()
@@ -692,6 +692,20 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
                     _PLANS.clear()
                 _PLANS[key] = _Plan(request, sizes, fmt)
     return request, fmt
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _scalars_only(request: InferenceRequest) -> bool:
+    """Whether every parameter value of the request is immutable, so that a plan's shallow copies
+    give each request parameters of its own (JSON lets a client send lists and objects)."""
+    for params in [request.parameters, *(t.parameters for t in request.inputs.values()),
+                   *(o.parameters for o in request.outputs)]:
+        for value in params.values():
+            if not isinstance(value, _SCALARS):
+                return False
+    return True
 
 
 def _raw_request(body: bytes | memoryview, model_name: str,

@@ -92,7 +92,10 @@ def _deliver(request: InferenceRequest, outputs: list[tuple[str, str, tuple[int,
 
 def _tensor(name: str, datatype: str, shape: tuple[int, ...], buf: Any) -> Tensor:
     dtype = _FIXED.get(datatype)
-    if dtype is not None and buf is not None and len(memoryview(buf)) == dtype.itemsize * _count(shape):
+    count = 1
+    for d in shape:  # inline: this runs for every output
+        count *= d
+    if dtype is not None and buf is not None and len(memoryview(buf)) == dtype.itemsize * count:
         # the common case, kept short: a zero-copy view of what the backend wrote
         data = np.frombuffer(buf, dtype)
         if len(shape) != 1:  # numpy's reshape costs more than the rest of this function
@@ -105,13 +108,6 @@ def _tensor(name: str, datatype: str, shape: tuple[int, ...], buf: Any) -> Tenso
 _FIXED = {name: datatypes.to_numpy(name) for name in datatypes.DATATYPES
           if name != "BYTES" and datatypes.element_size(name) and
           (name != "BF16" or datatypes.BF16_DTYPE is not None)}
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _serialize_bytes(array: np.ndarray) -> bytes:
