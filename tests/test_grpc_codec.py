@@ -341,7 +341,7 @@ def test_a_sequence_requests_turn_on_a_stream_waits_only_when_it_must() -> None:
     assert order == ["first", "next"] and not waiter.is_alive()
 
 
-# --- requests whose fields were seen before (codec._Plan) ----------------------------------------
+# --- requests whose fields were seen before (host.request_plan) ----------------------------------------
 
 def _decoded(request):
     return (request.model_name, request.model_version, request.id, request.parameters, request.uses_shm,
@@ -364,7 +364,6 @@ def _planned_request(values, request_id="r1") -> bytes:
 
 def _forget_plans() -> None:
     codec._PLANS.clear()
-    codec._SEEN.clear()
     codec._last_plan = None
 
 
@@ -375,9 +374,9 @@ def _upb(data: bytes):
 def test_a_request_that_repeats_its_fields_decodes_as_upb_would_into_objects_of_its_own() -> None:
     _forget_plans()
     first = codec.parse_infer_request(_planned_request([1, 2, 3, 4]))
-    assert not codec._PLANS  # seen once: no plan yet
+    assert not codec._PLANS.plans  # seen once: no plan yet
     first = codec.parse_infer_request(_planned_request([1, 2, 3, 4]))
-    assert len(codec._PLANS) == 1
+    assert len(codec._PLANS.plans) == 1
     first.parameters["p"] = 6  # what the host does to a request
     first.inputs["X"].shape.append(1)
     first.inputs["S"].parameters.clear()
@@ -390,7 +389,7 @@ def test_a_request_that_repeats_its_fields_decodes_as_upb_would_into_objects_of_
         assert _decoded(planned) == _decoded(_upb(data))
         assert planned.id == request_id
         assert planned.inputs["X"].data.tolist() == np.reshape(values, (2, 2)).tolist()
-    assert len(codec._PLANS) == 1  # one plan whatever the id (the request without one came once)
+    assert len(codec._PLANS.plans) == 1  # one plan whatever the id (the request without one came once)
     codec._last_plan = None  # found by its key as well as by the last plan
     assert _decoded(codec.parse_infer_request(data))[5][0][3] == [[0, 0], [0, 1]]
     msg, request = codec.read_stream_request(_planned_request([1, 2, 3, 4], "r9"))  # a stream's
@@ -403,7 +402,7 @@ def test_requests_that_do_not_fit_their_plan_are_decoded_in_full() -> None:
     data = _planned_request([1, 2, 3, 4])
     codec.parse_infer_request(data)
     codec.parse_infer_request(data)
-    assert codec._PLANS
+    assert codec._PLANS.plans
     # a raw content of another size: the full decoding's error
     short = _planned_request([1, 2, 3])  # the same fields, 12 bytes of data
     assert codec.parse_infer_request(short).data_errors["X"].message.endswith("Expected 16, got 12")
@@ -430,7 +429,7 @@ def test_bytes_and_typed_contents_are_decoded_every_time() -> None:
                          raw=[datatypes.serialize_bytes(np.array(items, dtype=object))]).SerializeToString()
     for data in (typed, typed, typed, raw_bytes, raw_bytes, raw_bytes):
         codec.parse_infer_request(data)
-    assert not codec._PLANS
+    assert not codec._PLANS.plans
     first, second = codec.parse_infer_request(typed), codec.parse_infer_request(typed)
     first.inputs["T"].data[0] = 9
     assert second.inputs["T"].data.tolist() == [1, 2]
@@ -438,10 +437,10 @@ def test_bytes_and_typed_contents_are_decoded_every_time() -> None:
 
 def test_the_kept_plans_are_bounded(monkeypatch) -> None:
     _forget_plans()
-    monkeypatch.setattr(codec, "_PLANS_MAX", 4)
+    monkeypatch.setattr(codec._PLANS, "limit", 4)
     for n in range(10):
         data = _request(InputTensor(name=f"X{n}", datatype="FP32", shape=[1]),
                         raw=[b"\0\0\0\0"]).SerializeToString()
         codec.parse_infer_request(data)
         codec.parse_infer_request(data)
-        assert 1 <= len(codec._PLANS) <= 4 and len(codec._SEEN) <= 4
+        assert 1 <= len(codec._PLANS.plans) <= 4 and len(codec._PLANS.seen) <= 4

@@ -429,10 +429,9 @@ def test_binary_size_mismatch_and_overrun():
 
 
 def test_a_header_sent_again_decodes_as_the_first_time_into_objects_of_its_own():
-    """A binary request's header is read once (codec._Plan); the same header again gives the same
+    """A binary request's header is read once (host.request_plan); the same header again gives the same
     request, whose objects are its own, and data that does not fit it the full decoding's errors."""
     codec._PLANS.clear()
-    codec._SEEN.clear()
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     inputs = [_input("A", x, "FP32", True), _input("B", x[0], "FP32", True),
               httpclient.InferInput("S", [2], "INT32")]
@@ -440,9 +439,9 @@ def test_a_header_sent_again_decodes_as_the_first_time_into_objects_of_its_own()
     outputs = [httpclient.InferRequestedOutput("OUT", binary_data=True),
                httpclient.InferRequestedOutput("OUT2", binary_data=False, class_count=2)]
     first, fmt1, body = _decode(inputs, outputs, request_id="r1", parameters={"p": 1})
-    assert not codec._PLANS  # seen once: no plan yet
+    assert not codec._PLANS.plans  # seen once: no plan yet
     first, fmt1, body = _decode(inputs, outputs, request_id="r1", parameters={"p": 1})
-    assert len(codec._PLANS) == 1
+    assert len(codec._PLANS.plans) == 1
     # what the host does to a request (host.parameters pops reserved keys, reshapes set shapes)
     first.parameters["p"] = 2
     first.inputs["A"].shape.append(9)
@@ -470,7 +469,6 @@ def test_headers_with_json_or_bytes_data_are_read_every_time():
     """Data in the JSON header, or BYTES, is decoded for each request: two requests never share
     an array, which a model may write to."""
     codec._PLANS.clear()
-    codec._SEEN.clear()
     x = np.arange(4, dtype=np.int32)
     first, _, body = _decode([_input("J", x, "INT32", False)])
     second, _, _ = _decode([_input("J", x, "INT32", False)])
@@ -483,17 +481,16 @@ def test_headers_with_json_or_bytes_data_are_read_every_time():
     listed._parameters["tags"] = ["a"]
     for _ in range(3):
         _decode([_input("B", x, "INT32", True)], [listed])
-    assert not codec._PLANS
+    assert not codec._PLANS.plans
 
 
 def test_the_kept_headers_are_bounded(monkeypatch):
     codec._PLANS.clear()
-    codec._SEEN.clear()
-    monkeypatch.setattr(codec, "_PLANS_MAX", 4)
+    monkeypatch.setattr(codec._PLANS, "limit", 4)
     for n in range(10):
         _decode([_input(f"IN{n}", np.zeros(2, np.float32), "FP32", True)])
         _decode([_input(f"IN{n}", np.zeros(2, np.float32), "FP32", True)])
-        assert 1 <= len(codec._PLANS) <= 4 and len(codec._SEEN) <= 4
+        assert 1 <= len(codec._PLANS.plans) <= 4 and len(codec._PLANS.seen) <= 4
 
 
 def test_binary_bytes_malformed():

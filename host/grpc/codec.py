@@ -20,6 +20,7 @@ from host.errors import InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from host.parameters import Uint64
 from host.proto import grpc_service_pb2 as pb
+from host.request_plan import PlanCache, RequestPlan
 from host.shm.tensors import mentions_shm
 
 ModelInferResponse = pb.ModelInferResponse
@@ -295,27 +296,15 @@ class _Message:
 
 
 class _Plan:
-    """What a request's fields before its raw contents, but its id, decode to (see above). Made
-    only from a request that decoded without an error, whose inputs all came from raw contents
-    of a fixed-size datatype or from shared memory, so that those fields, the id, the number of
-    raw contents and their sizes decide the result."""
+    """A request plan (host.request_plan) with what locates it in a message: the fields before
+    the id and after it, up to the raw contents; and the model the fields name."""
 
-    __slots__ = ("before", "after", "has_id", "model", "version", "model_version", "parameters",
-                 "inputs", "outputs", "raws", "uses_shm")
+    __slots__ = ("before", "after", "has_id", "model", "version", "model_version", "plan")
 
-    def __init__(self, split: _Split, request: InferenceRequest, msg: Any) -> None:
+    def __init__(self, split: _Split, request: InferenceRequest, msg: Any, plan: RequestPlan) -> None:
         self.before, self.after, self.has_id = split.key
         self.model, self.version, self.model_version = request.model_name, request.model_version, msg.model_version
-        self.parameters = dict(request.parameters)
-        # (name, datatype, shape, numpy dtype or None for shared memory, count, byte size, parameters)
-        raw = iter([end - start for start, end in split.spans])
-        self.inputs = tuple(
-            (t.name, t.datatype, tuple(t.shape), None if t.data is None else t.data.dtype,
-             0 if t.data is None else t.data.size, 0 if t.data is None else next(raw),
-             dict(t.parameters)) for t in request.inputs.values())
-        self.raws = len(split.spans)
-        self.outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
-        self.uses_shm = request.uses_shm
+        self.plan = plan
 
     def match(self, data: bytes) -> tuple[str, list[tuple[int, int]]] | None:
         """(id, raw spans) when `data` is this plan's fields around an id, then raw contents."""
@@ -329,51 +318,31 @@ class _Plan:
                 return None
             start, length = _length(data, pos + 1)
             pos = start + length
-            if start < 0 or pos > len(data):
+            text = _text(data, start, pos) if start >= 0 and pos <= len(data) else None
+            if text is None:
                 return None
-            try:  # upb refuses an id that is not UTF-8 (the full decoding then raises)
-                request_id = data[start:pos].decode("utf-8")
-            except UnicodeDecodeError:
-                return None
+            request_id = text
         if not data.startswith(self.after, pos):
             return None
         spans = _raw_spans(data, pos + len(self.after))
         return (request_id, spans) if spans is not None else None
 
-    def decode(self, data: bytes, request_id: str, spans: list[tuple[int, int]]) -> InferenceRequest | None:
-        """The request, or None when the raw contents do not fit (the full decoding then gives
-        the error). Every object the request holds is its own (the host writes to them)."""
-        if len(spans) != self.raws:
-            return None
-        inputs: dict[str, Tensor] = {}
-        k = 0
-        for name, datatype, shape, dtype, count, size, params in self.inputs:
-            if dtype is None:
-                inputs[name] = Tensor(name, datatype, list(shape), None, dict(params))
-                continue
-            start, end = spans[k]
-            k += 1
-            if end - start != size:
-                return None
-            # a copy of its bytes, as upb's field gives: aligned for the backend, and the
-            # message is not kept alive by its inputs
-            array = np.frombuffer(data[start:end], dtype, count)
-            if len(shape) != 1:
-                array = array.reshape(shape)
-            inputs[name] = Tensor(name, datatype, list(shape), array, dict(params) if params else {})
-        outputs = [RequestedOutput(name, dict(params) if params else {}) for name, params in self.outputs]
-        request = InferenceRequest(self.model, self.version, request_id, inputs, outputs,
-                                   dict(self.parameters) if self.parameters else {}, "grpc")
-        request.uses_shm = self.uses_shm
-        return request
+    def build(self, data: bytes, request_id: str, spans: list[tuple[int, int]]) -> InferenceRequest | None:
+        """The request, its inputs views of the raw contents in `data`; None when they do not
+        fit (the full decoding then gives the error)."""
+        return self.plan.build(self.model, self.version, request_id, "grpc", data, spans)
 
 
-# Plans by key (_Split.key), and keys seen once: a plan is made the second time its key comes, so
-# that requests which never repeat cost a set insertion each, not a plan. Both are bounded
-# (emptied when full): ever new requests never cost memory.
-_PLANS: dict[tuple[bytes, bytes, bool], _Plan] = {}
-_SEEN: set[tuple[bytes, bytes, bool]] = set()
-_PLANS_MAX = 1024
+def _text(data: bytes, start: int, end: int) -> str | None:
+    """A string field's value; None when it is not UTF-8 (upb refuses it: the full decoding
+    then raises)."""
+    try:
+        return data[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+_PLANS: PlanCache[tuple[bytes, bytes, bool], _Plan] = PlanCache()
 _PLAN_KEY_MAX = 4096
 _last_plan: _Plan | None = None  # the plan of the last request that had one: tried first
 
@@ -414,20 +383,15 @@ def _planned(data: bytes) -> tuple[tuple[_Plan, InferenceRequest] | None, _Split
     if last is not None:
         matched = last.match(data)
         if matched is not None:
-            request = last.decode(data, *matched)
+            request = last.plan.build(last.model, last.version, matched[0], "grpc", data, matched[1])
             if request is not None:
                 return (last, request), None
     split = _split(data)
     if split is not None:
-        plan = _PLANS.get(split.key)
+        plan = _PLANS.plans.get(split.key)
         if plan is not None:
-            request_id = ""
-            if split.id_at >= 0:
-                try:
-                    request_id = data[split.id_at:split.id_end].decode("utf-8")
-                except UnicodeDecodeError:
-                    return None, None
-            request = plan.decode(data, request_id, split.spans)
+            request_id = _text(data, split.id_at, split.id_end) if split.id_at >= 0 else ""
+            request = plan.build(data, request_id, split.spans) if request_id is not None else None
             if request is not None:
                 _last_plan = plan
                 return (plan, request), split
@@ -435,22 +399,18 @@ def _planned(data: bytes) -> tuple[tuple[_Plan, InferenceRequest] | None, _Split
 
 
 def _keep_plan(split: _Split | None, request: InferenceRequest, msg: Any) -> None:
-    """Keep the plan of a request that can have one (see _Plan), the second time it comes."""
+    """Keep the plan of a request that can have one (host.request_plan), the second time it comes."""
     global _last_plan
-    if split is None or len(split.before) + len(split.after) > _PLAN_KEY_MAX or request.data_errors:
+    if split is None or len(split.before) + len(split.after) > _PLAN_KEY_MAX:
         return
-    fixed = [t for t in request.inputs.values() if t.data is not None]
-    if len(fixed) != len(split.spans) or any(t.datatype == "BYTES" for t in fixed):
-        return
-    key = split.key
-    if key not in _SEEN:
-        if len(_SEEN) >= _PLANS_MAX:
-            _SEEN.clear()
-        _SEEN.add(key)
-        return
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.clear()
-    _PLANS[key] = _last_plan = _Plan(split, request, msg)
+
+    def make() -> _Plan | None:
+        plan = RequestPlan.of(request, [end - start for start, end in split.spans])
+        return _Plan(split, request, msg, plan) if plan is not None else None
+
+    kept = _PLANS.offer(split.key, make)
+    if kept is not None:
+        _last_plan = kept
 
 
 # --- response --------------------------------------------------------------------------------

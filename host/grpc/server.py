@@ -272,9 +272,9 @@ class _StreamCall:
         if data is None:  # the client closed its side (or the call is gone)
             self.stream.end_of_requests()
             return
-        msg = decoded = ticket = None
+        read = ticket = None
         try:
-            msg, decoded = codec.read_stream_request(data)
+            read = codec.read_stream_request(data)  # (the message, its request or decoding error)
         except DecodeError:
             self.stream.request_error("failed to parse the request message")
         else:
@@ -282,11 +282,11 @@ class _StreamCall:
                 # Triton's stream handler once its server is stopping (its text)
                 self.stream.request_error(_SHUTTING_DOWN)
             else:
-                ticket = self.stream.admit(msg)  # its place first, then the next one is read
+                ticket = self.stream.admit(read[0])  # its place first, then the next one is read
         self.call.start_server_batch((_ReceiveMessage(_NO_FLAGS),), self._on_message)
-        if ticket is not None:
+        if ticket is not None and read is not None:
             # On this thread: if it takes long, other polling threads read and run the next ones.
-            self.stream.run(msg, ticket, decoded)
+            self.stream.run(read[0], ticket, read[1])
 
     def _on_close(self, event: Any) -> None:
         if self.counter is not None:

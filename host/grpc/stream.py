@@ -143,17 +143,14 @@ class Stream:
                 self._last_sequenced = submitted
         return Ticket(slot, decoupled, after, submitted)
 
-    def run(self, msg: Any, ticket: Ticket, decoded: InferenceRequest | Exception | None = None) -> None:
+    def run(self, msg: Any, ticket: Ticket, decoded: InferenceRequest | Exception) -> None:
         """Submit an admitted request to the host; errors go out on the stream. `decoded`: the
-        request, or the error decoding it raised (codec.read_stream_request); None: decode
-        `msg` here."""
+        request, or the error decoding it raised (codec.read_stream_request)."""
         slot = ticket.slot
         request = None
         if ticket.after is not None:
             ticket.after.wait(self._lock)
         try:
-            if decoded is None:
-                decoded = codec.decode_infer_request(msg)
             if isinstance(decoded, Exception):
                 raise decoded
             request = decoded

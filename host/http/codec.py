@@ -23,6 +23,7 @@ import orjson
 from host import datatypes, raw_input, validation
 from host.errors import HostError, InvalidArgumentError, UnsupportedError
 from host.inference import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from host.request_plan import PlanCache, RequestPlan
 from host.shm.tensors import REGION, mentions_shm
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -564,61 +565,27 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
 
 
 class _Plan:
-    """What a JSON header with binary data decodes to, without the data: clients send the same
-    header request after request (same inputs, shapes, sizes and outputs), and reading it
-    again (JSON, then every check of every field) costs more than the rest of the request's
-    decoding. Made only from a header that decoded without an error and whose inputs are all
-    fixed-size binary data or shared memory, so that the header alone decides the result; what
-    the data decides (that it is as long as the header says) is checked again for each request."""
+    """A request plan (host.request_plan) of a binary request's JSON header, with what else the
+    header says: the request's id and how its outputs go back."""
 
-    __slots__ = ("request_id", "parameters", "inputs", "outputs", "default_binary", "binary", "uses_shm")
+    __slots__ = ("plan", "request_id", "default_binary", "binary")
 
-    def __init__(self, request: InferenceRequest, sizes: dict[str, int], fmt: OutputFormat) -> None:
-        self.request_id = request.id
-        self.parameters = dict(request.parameters)
-        # (name, datatype, shape, numpy dtype or None for shared memory, count, byte size, parameters)
-        self.inputs = tuple(
-            (t.name, t.datatype, tuple(t.shape), None if t.data is None else t.data.dtype,
-             0 if t.data is None else t.data.size, sizes.get(t.name, 0), dict(t.parameters))
-            for t in request.inputs.values())
-        self.outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
+    def __init__(self, plan: RequestPlan, request_id: str, fmt: OutputFormat) -> None:
+        self.plan, self.request_id = plan, request_id
         self.default_binary, self.binary = fmt.default_binary, dict(fmt.binary)
-        self.uses_shm = request.uses_shm
 
-    def decode(self, view: memoryview, offset: int, model_name: str,
-               model_version: int) -> tuple[InferenceRequest, OutputFormat] | None:
-        """The request, or None when the data does not fit the header (the full decoding then
-        gives the error). Every object the request holds is its own (the host writes to them)."""
-        inputs: dict[str, Tensor] = {}
-        total = len(view)
-        for name, datatype, shape, dtype, count, size, params in self.inputs:
-            if dtype is None:
-                inputs[name] = Tensor(name, datatype, list(shape), None, dict(params))
-                continue
-            end = offset + size
-            if end > total:
-                return None
-            data = np.frombuffer(view, dtype, count, offset)
-            if len(shape) != 1:
-                data = data.reshape(shape)
-            inputs[name] = Tensor(name, datatype, list(shape), data, dict(params) if params else {})
-            offset = end
-        if offset != total:
+    def build(self, view: memoryview, header_length: int, model_name: str,
+              model_version: int) -> tuple[InferenceRequest, OutputFormat] | None:
+        """The request, its inputs views of the binary data after the header; None when the data
+        does not fit (the full decoding then gives the error)."""
+        request = self.plan.build(model_name, model_version, self.request_id, "http", view, None,
+                                  header_length)
+        if request is None:
             return None
-        outputs = [RequestedOutput(name, dict(params) if params else {}) for name, params in self.outputs]
-        request = InferenceRequest(model_name, model_version, self.request_id, inputs, outputs,
-                                   dict(self.parameters) if self.parameters else {}, "http")
-        request.uses_shm = self.uses_shm
         return request, OutputFormat(self.default_binary, dict(self.binary) if self.binary else {})
 
 
-# Headers read before (_Plan), by their bytes, and headers seen once: a plan is made the second
-# time its header comes, so that headers which never repeat (a request id of their own, say) cost
-# a set insertion each, not a plan. Both are bounded (emptied when full): ever new headers never
-# cost memory.
-_PLANS: dict[bytes, _Plan] = {}
-_SEEN: set[bytes] = set()
-_PLANS_MAX = 1024
+_PLANS: PlanCache[bytes, _Plan] = PlanCache()  # by the header's bytes
 _PLAN_HEADER_MAX = 4096  # longer headers are not kept (they carry many inputs: reading them dominates less)
 
 
@@ -631,9 +598,9 @@ def decode_infer_request(body: bytes | memoryview, header_length: int | None, mo
     if header_length is None or header_length > _PLAN_HEADER_MAX:
         return _decode(view, header_length, model_name, model_version, None)
     key = bytes(view[:header_length])
-    plan = _PLANS.get(key)
+    plan = _PLANS.plans.get(key)
     if plan is not None:
-        decoded = plan.decode(view, header_length, model_name, model_version)
+        decoded = plan.build(view, header_length, model_name, model_version)
         if decoded is not None:
             return decoded
     return _decode(view, header_length, model_name, model_version, key)
@@ -658,7 +625,7 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
     offset = end
     has_header = header_length is not None
     data_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
-    sizes: dict[str, int] | None = {} if key is not None else None  # binary inputs' byte sizes
+    sizes: list[int] = []  # the byte size of each input's binary data (a plan's, host.request_plan)
     for index, item in enumerate(inputs_json):
         start = offset
         tensor, offset, error = _decode_input(item, index, view, offset, has_header, model_name)
@@ -666,11 +633,8 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
         inputs[tensor.name] = tensor
         if error is not None:
             data_errors[tensor.name] = error
-        if sizes is not None:
-            if tensor.data is None or (offset > start and tensor.datatype != "BYTES"):
-                sizes[tensor.name] = offset - start
-            else:  # JSON data, BYTES, or no data at all: the header alone does not decide
-                sizes = None
+        if offset > start:
+            sizes.append(offset - start)
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
     outputs, binary = _requested_outputs(doc.get("outputs"))
@@ -682,30 +646,14 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
         request.data_errors = validation.tagged(request, data_errors)
     else:
         request.uses_shm = _uses_shm(request)
-        if sizes is not None and key is not None and _scalars_only(request):
-            if key not in _SEEN:
-                if len(_SEEN) >= _PLANS_MAX:
-                    _SEEN.clear()
-                _SEEN.add(key)
-            else:
-                if len(_PLANS) >= _PLANS_MAX:
-                    _PLANS.clear()
-                _PLANS[key] = _Plan(request, sizes, fmt)
+        if key is not None:
+            _PLANS.offer(key, lambda: _plan_of(request, sizes, fmt))
     return request, fmt
 
 
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _scalars_only(request: InferenceRequest) -> bool:
-    """Whether every parameter value of the request is immutable, so that a plan's shallow copies
-    give each request parameters of its own (JSON lets a client send lists and objects)."""
-    for params in [request.parameters, *(t.parameters for t in request.inputs.values()),
-                   *(o.parameters for o in request.outputs)]:
-        for value in params.values():
-            if not isinstance(value, _SCALARS):
-                return False
-    return True
+def _plan_of(request: InferenceRequest, sizes: list[int], fmt: OutputFormat) -> _Plan | None:
+    plan = RequestPlan.of(request, sizes)
+    return _Plan(plan, request.id, fmt) if plan is not None else None
 
 
 def _raw_request(body: bytes | memoryview, model_name: str,
