@@ -31,6 +31,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import native_bench as nb  # noqa: E402
 import perf_vs_triton as pvt  # noqa: E402
+import sequence_bench as sb  # noqa: E402
+
+SEQUENCES = 4  # sequence models: requests go to this many sequences in turn, one at a time
 
 
 def callgrind_control(pid: int, *args: str) -> str:
@@ -86,6 +89,8 @@ def total_ir(outdir: str, before: set[str]) -> tuple[int, str]:
 
 
 def make_sender(protocol: str, port_http: int, port_grpc: int, model: str):
+    if model in sb.STRATEGIES.values():
+        return sequence_sender(protocol, port_http, port_grpc, model)
     data = np.arange(1024, dtype=np.float32)
     if protocol == "http":
         import tritonclient.http as http
@@ -115,12 +120,47 @@ def make_sender(protocol: str, port_http: int, port_grpc: int, model: str):
     return send, close
 
 
+def sequence_sender(protocol: str, port_http: int, port_grpc: int, model: str):
+    """Requests of the example accumulator (benchmarks/sequence_bench.py), one at a time, to
+    SEQUENCES sequences in turn (so the direct strategy pads as it does when they interleave);
+    each sequence starts with its first request and never ends (warm-up and counting are alike)."""
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    module = http if protocol == "http" else grpc
+    client = module.InferenceServerClient(f"127.0.0.1:{port_http if protocol == 'http' else port_grpc}")
+    inp = module.InferInput("INPUT", [1, 1], "INT32")
+    inp.set_data_from_numpy(np.ones((1, 1), np.int32), **({"binary_data": True} if protocol == "http" else {}))
+    sent = [0]
+    results: queue.Queue = queue.Queue()
+    if protocol == "grpc-stream":
+        client.start_stream(callback=lambda result, error: results.put(error))
+
+    def send():
+        n = sent[0]
+        sent[0] += 1
+        kwargs = {"sequence_id": 1 + n % SEQUENCES, "sequence_start": n < SEQUENCES}
+        if protocol != "grpc-stream":
+            client.infer(model, [inp], **kwargs)
+            return
+        client.async_stream_infer(model, [inp], **kwargs)
+        error = results.get(timeout=120)
+        if error is not None:
+            raise RuntimeError(error)
+
+    def close():
+        if protocol == "grpc-stream":
+            client.stop_stream()
+        client.close()
+    return send, close
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--protocol", nargs="+", default=["http", "grpc", "grpc-stream"], choices=sorted(pvt.MODES))
-    ap.add_argument("--model", nargs="+", default=[nb.NATIVE, nb.PYTHON])
+    ap.add_argument("--model", nargs="+", default=[nb.NATIVE, nb.PYTHON],
+                    help=f"identity models, or the accumulator: {', '.join(sb.STRATEGIES.values())}")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--source", help="measure the modelhost source tree here instead (e.g. an older commit, "
                     "from `git archive`, with the compiled host/native modules copied in)")
@@ -130,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print("valgrind is not installed", file=sys.stderr)
         return 2
     repo = nb.build_repository(args.python)
+    sb.add_models(repo)
     outdir = tempfile.mkdtemp(prefix="callgrind_bench_")
     server = pvt.modelhost_server(repo, outdir, args.python)
     server.env["PYTHONPATH"] = ":".join(

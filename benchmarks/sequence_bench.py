@@ -53,6 +53,12 @@ def build_repository() -> str:
     """perf_vs_triton's repository (its identity model tells when a server is ready) plus the
     accumulator under both strategies."""
     repo = pvt.build_repository()
+    add_models(repo)
+    return repo
+
+
+def add_models(repo: str) -> None:
+    """The accumulator under both strategies (STRATEGIES), added to the repository at `repo`."""
     with open(os.path.join(EXAMPLE, "config.pbtxt")) as f:
         config = f.read()
     for strategy, name in STRATEGIES.items():
@@ -63,7 +69,6 @@ def build_repository() -> str:
             text = text.replace("direct { }", "oldest { max_candidate_sequences: 8 }")
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(text)
-    return repo
 
 
 def run_sequences(url: str, model: str, sequences: int, length: int, first_id: int) -> tuple[int, list[str]]:
