@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import os
 import queue
 import re
@@ -34,6 +35,7 @@ import perf_vs_triton as pvt  # noqa: E402
 import sequence_bench as sb  # noqa: E402
 
 SEQUENCES = 4  # sequence models: requests go to this many sequences in turn, one at a time
+_first_ids = itertools.count(1, SEQUENCES)  # each row's sequences get ids of their own
 
 
 def callgrind_control(pid: int, *args: str) -> str:
@@ -123,7 +125,8 @@ def make_sender(protocol: str, port_http: int, port_grpc: int, model: str):
 def sequence_sender(protocol: str, port_http: int, port_grpc: int, model: str):
     """Requests of the example accumulator (benchmarks/sequence_bench.py), one at a time, to
     SEQUENCES sequences in turn (so the direct strategy pads as it does when they interleave);
-    each sequence starts with its first request and never ends (warm-up and counting are alike)."""
+    each sequence starts with its first request and never ends (warm-up and counting are alike),
+    and each sender starts sequences of its own, so that no row continues or restarts another's."""
     import tritonclient.grpc as grpc
     import tritonclient.http as http
     module = http if protocol == "http" else grpc
@@ -131,6 +134,7 @@ def sequence_sender(protocol: str, port_http: int, port_grpc: int, model: str):
     inp = module.InferInput("INPUT", [1, 1], "INT32")
     inp.set_data_from_numpy(np.ones((1, 1), np.int32), **({"binary_data": True} if protocol == "http" else {}))
     sent = [0]
+    first = next(_first_ids)
     results: queue.Queue = queue.Queue()
     if protocol == "grpc-stream":
         client.start_stream(callback=lambda result, error: results.put(error))
@@ -138,7 +142,7 @@ def sequence_sender(protocol: str, port_http: int, port_grpc: int, model: str):
     def send():
         n = sent[0]
         sent[0] += 1
-        kwargs = {"sequence_id": 1 + n % SEQUENCES, "sequence_start": n < SEQUENCES}
+        kwargs = {"sequence_id": first + n % SEQUENCES, "sequence_start": n < SEQUENCES}
         if protocol != "grpc-stream":
             client.infer(model, [inp], **kwargs)
             return
