@@ -53,6 +53,14 @@ _FROM_NUMPY = {dt: name for name, dt in _NUMPY.items() if name != "BYTES"}
 FIXED_BY_DTYPE: dict[np.dtype, str] = _FROM_NUMPY
 
 
+# Triton's name for a datatype it does not know (TRITONSERVER_DataTypeString(INVALID)). The codecs
+# give an input of such a datatype this one and no data (NO_DATA): the core then refuses it where
+# Triton's core does, comparing it with the model's ("data-type is '<invalid>'", host.validation).
+INVALID = "<invalid>"
+NO_DATA = np.empty(0, np.uint8)
+NO_DATA.flags.writeable = False
+
+
 def is_valid(datatype: str) -> bool:
     return datatype in DATATYPES
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Generic, Hashable, TypeVar
 
 import numpy as np
 
+from host import datatypes
 from host.inference import InferenceRequest, RequestedOutput, Tensor
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -52,7 +53,7 @@ class RequestPlan:
         if len(with_data) != len(sizes):  # JSON data, typed contents: in the header
             return None
         for t in with_data:
-            if t.datatype == "BYTES" or type(t.data) is not np.ndarray:
+            if t.datatype == "BYTES" or t.datatype == datatypes.INVALID or type(t.data) is not np.ndarray:
                 return None
         for params in [request.parameters, *(t.parameters for t in request.inputs.values()),
                        *(o.parameters for o in request.outputs)]:

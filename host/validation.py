@@ -246,11 +246,6 @@ def _error(rule: str, protocol: str, **values: object) -> InvalidArgumentError:
     return InvalidArgumentError(_TEXTS[rule][protocol].format(**values))
 
 
-def check_datatype(name: str, datatype: str) -> None:
-    if not datatypes.is_valid(datatype):
-        raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
-
-
 def shape_error(name: str, shape: object, model: str, protocol: str) -> InvalidArgumentError:
     """The error for a shape that is not a list of non-negative integers. Over HTTP the text is
     TritonJson's (Triton reads each dimension with AsUInt); Triton answers it with 500, and its

@@ -254,6 +254,54 @@ def test_raw_binary_request_errors(parity):
         "'cast_types'. Expected 0, got 3")
 
 
+# --- datatypes the server does not know --------------------------------------------------------
+
+def _json_infer(parity, doc: dict, payload: bytes = b"") -> tuple[int, str]:
+    header = json.dumps(doc).encode()
+    status, _, body = _post(parity, "/v2/models/cast_types/infer", header + payload,
+                            {"Inference-Header-Content-Length": str(len(header))} if payload else {})
+    return status, json.loads(body)["error"]
+
+
+def test_unknown_datatype_texts(parity):
+    """Triton's texts, checked against Triton 2.51: its front end words JSON data of an unknown
+    datatype; binary data and gRPC's raw contents reach its core, which compares the datatype
+    (named '<invalid>') with the model's; gRPC's typed contents are compared with it."""
+    item = {"name": "INPUT0", "datatype": "FOO", "shape": [2]}
+    assert _json_infer(parity, {"inputs": [dict(item, data=[1, 2])]}) == (
+        400, "invalid datatype for input INPUT0")
+    binary = {"inputs": [dict(item, parameters={"binary_data_size": 16})]}
+    core_text = ("[request id: <id_unknown>] inference input 'INPUT0' data-type is '<invalid>', but "
+                 "model 'cast_types' expects 'FP64'")
+    assert _json_infer(parity, binary, b"\0" * 16) == (400, core_text)
+    assert _json_infer(parity, binary, b"\0" * 16) == (400, core_text)  # (a repeated header too)
+    # an unknown input name is found first, as in Triton's core
+    assert _json_infer(parity, {"inputs": [dict(item, name="X", parameters={"binary_data_size": 16})]},
+                       b"\0" * 16) == (400, "unexpected inference input 'X' for model 'cast_types'")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(parity.grpc_url))
+
+    def grpc_error(request) -> str:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return info.value.details()
+
+    for datatype in ("FOO", ""):
+        request = pb.ModelInferRequest(model_name="cast_types")
+        request.inputs.add(name="INPUT0", datatype=datatype, shape=[2])
+        request.raw_input_contents.append(b"\0" * 16)
+        assert grpc_error(request) == core_text
+    request = pb.ModelInferRequest(model_name="cast_types")
+    request.inputs.add(name="INPUT0", datatype="FOO", shape=[2]).contents.fp32_contents.extend([1, 2])
+    assert grpc_error(request) == ("unexpected explicit tensor data for input tensor 'INPUT0' for "
+                                   "model 'cast_types' of type 'FP32', expected datatype '<invalid>'")
+    # and the server goes on serving
+    ok = httpclient.InferInput("INPUT0", [2], "FP64")
+    ok.set_data_from_numpy(np.array([1.0, 2.0]))
+    result = httpclient.InferenceServerClient(parity.url).infer("cast_types", [ok])
+    assert result.as_numpy("OUT_FP64").tolist() == [1.0, 2.0]
+
+
 # --- compression -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

@@ -93,6 +93,8 @@ model_version = validation.parse_version  # the core's rule, with Triton's texts
 
 
 def _from_raw(name: str, datatype: str, shape: list[int], buf: bytes, model: str) -> np.ndarray:
+    if datatype == datatypes.INVALID:
+        return datatypes.NO_DATA
     if datatype == "BYTES":
         return validation.bytes_input(name, model, shape, buf, "grpc")
     count = validation.fixed_size_count(name, model, datatype, shape, len(buf))
@@ -114,6 +116,8 @@ def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, mo
                 f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of "
                 f"type '{carried(datatype)}', expected datatype '{datatype}'")
         found = (values, dtype)
+    if datatype == datatypes.INVALID:  # no contents (any would have failed above)
+        return datatypes.NO_DATA
     count = datatypes.element_count(shape)
     if datatype == "BYTES":
         items = list(found[0]) if found is not None else []
@@ -142,7 +146,8 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
     for tensor in msg.inputs[:]:
         name = tensor.name
         datatype = tensor.datatype
-        validation.check_datatype(name, datatype)
+        if not datatypes.is_valid(datatype):  # refused by the core (datatypes.INVALID)
+            datatype = datatypes.INVALID
         shape = tensor.shape[:]
         validation.check_shape(name, shape, model, "grpc")
         params = tensor.parameters
@@ -155,6 +160,9 @@ def decode_infer_request(msg: Any) -> InferenceRequest:
                         f"unexpected 'content' provided when using shared memory for input tensor "
                         f"'{name}' for model '{model}'")
                 validation.check_new_input(inputs, name, msg.id)
+                if datatype == datatypes.INVALID:  # no region to bind: the core refuses it
+                    inputs[name] = Tensor(name, datatype, shape, datatypes.NO_DATA)
+                    continue
                 inputs[name] = Tensor(name, datatype, shape, None, extra)
                 uses_shm = True
                 continue

@@ -83,6 +83,22 @@ def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
     return False
 
 
+_ABSENT = object()  # a member the request does not have (None is JSON's null)
+
+
+def json_type_error(field: str, kind: str) -> InvalidArgumentError:
+    """Triton's text for a field of another JSON type: TritonJson's message after the field's."""
+    return InvalidArgumentError(f"Unable to parse '{field}': attempt to access JSON non-{kind} as {kind}")
+
+
+def member_error(field: str, container: dict[str, Any], kind: str) -> InvalidArgumentError:
+    """Triton's text for a required member that is missing or of another JSON type."""
+    if field not in container:
+        return InvalidArgumentError(
+            f"Unable to parse '{field}': attempt to access non-existing object member '{field}'")
+    return json_type_error(field, kind)
+
+
 def load_json_object(buf: bytes | memoryview) -> dict[str, Any]:
     """An optional JSON object body: {} when empty; anything but an object is refused."""
     if not buf:
@@ -315,7 +331,7 @@ def json_values(name: str, datatype: str, data: list, what: str = "input") -> np
     if datatype in _NOT_IN_JSON:
         raise InvalidArgumentError(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
-            f"format for {what} '{name}'")
+            f"format for {what} {name}")  # Triton's text: the name unquoted
     dtype = datatypes.to_numpy(datatype)
     if not data:
         return np.empty(0, dtype)
@@ -365,7 +381,7 @@ def _big_integers(name: str, datatype: str, dtype: np.dtype, data: list, what: s
 
 def json_to_array(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
     if not isinstance(data, list):
-        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected an array")
+        raise InvalidArgumentError("Unable to parse 'data': attempt to access JSON non-array as array")
     flat = json_values(name, datatype, data)
     count = datatypes.element_count(shape)
     if flat.size != count:
@@ -404,8 +420,8 @@ def json_data(t: Tensor, arr: np.ndarray) -> Any:
         return [_text(v) for v in arr.reshape(-1)]
     if t.datatype in _NOT_IN_JSON:
         raise InvalidArgumentError(
-            f"sending {t.datatype} data via JSON is not supported. Please use the binary data "
-            f"format for output '{t.name}'")
+            "sending " + t.datatype + " data via JSON is not supported. Please use the binary data "
+            "format for output")  # Triton's text, without the output's name
     flat = arr.reshape(-1)
     if not flat.dtype.isnative or not flat.flags.c_contiguous:
         flat = np.ascontiguousarray(flat, flat.dtype.newbyteorder("="))
@@ -438,18 +454,19 @@ def _check_parameter(key: str, value: Any) -> None:
             f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
-def request_parameters(params: Any) -> tuple[dict[str, Any], bool]:
-    """The request's parameters for the host, and the `binary_data_output` flag."""
-    if params is None:
+def request_parameters(params: Any, null: bool = False) -> tuple[dict[str, Any], bool]:
+    """The request's parameters for the host, and the `binary_data_output` flag. `null`: the
+    request has `"parameters": null`, which Triton refuses as it refuses any non-object."""
+    if params is None and not null:
         return {}, False
     if not isinstance(params, dict):
-        raise InvalidArgumentError("Unable to parse 'parameters': expected an object")
+        raise InvalidArgumentError("failed to get request params.: attempt to get members for non-object")
     out: dict[str, Any] = {}
     binary = False
     for key, value in params.items():
         if key == "binary_data_output":
             if type(value) is not bool:
-                raise InvalidArgumentError("Unable to parse 'binary_data_output': expected a boolean")
+                raise json_type_error("binary_data_output", "boolean")
             binary = value
             continue
         _check_parameter(key, value)  # reserved keys are the host's to interpret (host.parameters)
@@ -461,31 +478,14 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
                   model_name: str) -> tuple[Tensor, int, validation.DataSizeError | None]:
     """An input of the JSON header, its binary data (from `offset`) taken; and the error of data
     that does not fill its shape, which the caller keeps for later (Triton's core order)."""
-    if not isinstance(item, dict):
-        raise InvalidArgumentError(f"Unable to parse 'inputs': element {index} is not an object")
-    name = item.get("name")
-    if type(name) is not str:
-        raise InvalidArgumentError(f"Unable to parse 'name' of input {index}: expected a string")
-    datatype = item.get("datatype")
-    if type(datatype) is not str:
-        raise InvalidArgumentError(f"Unable to parse 'datatype' of input '{name}': expected a string")
-    validation.check_datatype(name, datatype)
-    shape = item.get("shape")
-    if type(shape) is not list:  # TritonJson's texts
-        raise InvalidArgumentError("Unable to parse 'shape': attempt to access non-existing object member "
-                                   "'shape'" if shape is None else
-                                   "Unable to parse 'shape': attempt to access JSON non-array as array")
-    for d in shape:  # a loop, not all() over a generator: this runs for every input
-        if type(d) is not int:
-            raise validation.shape_error(name, shape, model_name, "http")
-    # JSON data: Triton's texts for a size that overflows int64 come before the shared limits.
-    validation.check_shape(name, shape, model_name, "http",
-                           json_datatype=datatype if "data" in item else None)
+    # Triton's order: where the data is, then name, datatype and shape, each read as TritonJson
+    # reads it (an element that is not an object has no member; parameters that are not an
+    # object have none either: Triton ignores them).
+    if type(item) is not dict:
+        item = {}
     params = item.get("parameters")
-    if params is None:
+    if type(params) is not dict:
         params = {}
-    elif not isinstance(params, dict):
-        raise InvalidArgumentError(f"Unable to parse 'parameters' of input '{name}': expected an object")
     has_data = "data" in item
     has_binary = "binary_data_size" in params
     has_shm = REGION in params  # Triton's HTTP rule: a size without a region is no reference
@@ -496,13 +496,32 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
             "Input must set only one of the following fields: 'data', 'binary_data_size' "
             "in 'parameters', 'shared_memory_region' in 'parameters'. But "
             + (("set " + " ".join(given)) if given else "no field is set"))
+    name = item.get("name")
+    if type(name) is not str:
+        raise member_error("name", item, "string")
+    datatype = item.get("datatype")
+    if type(datatype) is not str:
+        raise member_error("datatype", item, "string")
+    shape = item.get("shape")
+    if type(shape) is not list:
+        raise member_error("shape", item, "array")
+    for d in shape:  # a loop, not all() over a generator: this runs for every input
+        if type(d) is not int:
+            raise validation.shape_error(name, shape, model_name, "http")
+    known = datatypes.is_valid(datatype)
+    if has_data and not known:  # Triton's front end, as it reads JSON data
+        raise InvalidArgumentError(f"invalid datatype for input {name}")
+    # JSON data: Triton's texts for a size that overflows int64 come before the shared limits.
+    validation.check_shape(name, shape, model_name, "http",
+                           json_datatype=datatype if has_data else None)
+    if not known and has_shm:  # refused by the core (datatypes.INVALID)
+        return Tensor(name, datatypes.INVALID, shape, datatypes.NO_DATA), offset, None
     if has_shm:  # the host binds it to the region (host.shm)
         return Tensor(name, datatype, shape, None, dict(params)), offset, None
     if has_binary:
         size = params["binary_data_size"]
         if not _nonneg_int(size):
-            raise InvalidArgumentError(
-                f"Unable to parse 'binary_data_size' of input '{name}': expected an unsigned integer")
+            raise json_type_error("binary_data_size", "unsigned-integer")
         if not has_header:
             raise InvalidArgumentError(
                 f"must specify valid '{HEADER_LENGTH}' in request header and 'binary_data_size' "
@@ -512,6 +531,8 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
             raise InvalidArgumentError(
                 f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
                 f"for model '{model_name}'")
+        if not known:  # its bytes skipped; refused by the core (datatypes.INVALID)
+            return Tensor(name, datatypes.INVALID, shape, datatypes.NO_DATA), end, None
         try:
             if datatype == "BYTES":
                 data = validation.bytes_input(name, model_name, shape, view[offset:end], "http")
@@ -530,30 +551,26 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
 
 
 def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, bool]]:
-    if outputs is None:
+    if outputs is _ABSENT:
         return [], {}
-    if not isinstance(outputs, list):
-        raise InvalidArgumentError("Unable to parse 'outputs': expected an array")
+    if type(outputs) is not list:
+        raise json_type_error("outputs", "array")
     requested: list[RequestedOutput] = []
     binary: dict[str, bool] = {}
-    for index, item in enumerate(outputs):
-        if not isinstance(item, dict):
-            raise InvalidArgumentError(f"Unable to parse 'outputs': element {index} is not an object")
+    for item in outputs:
+        if type(item) is not dict:  # as TritonJson reads it: no member
+            item = {}
         name = item.get("name")
         if type(name) is not str:
-            raise InvalidArgumentError(f"Unable to parse 'name' of output {index}: expected a string")
+            raise member_error("name", item, "string")
         params = item.get("parameters")
         extra: dict[str, Any] = {}
         is_binary = None
-        if params is not None:
-            if not isinstance(params, dict):
-                raise InvalidArgumentError(
-                    f"Unable to parse 'parameters' of output '{name}': expected an object")
+        if type(params) is dict:  # (Triton ignores parameters that are not an object)
             for key, value in params.items():
                 if key == "binary_data":
                     if type(value) is not bool:
-                        raise InvalidArgumentError(
-                            f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
+                        raise json_type_error("binary_data", "boolean")
                     is_binary = value
                 else:  # the host judges the rest (host.parameters.check_outputs)
                     extra[key] = value
@@ -612,15 +629,16 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
     have one."""
     end = len(view) if header_length is None else header_length
     doc = load_json(view[:end])
-    if not isinstance(doc, dict):
-        raise InvalidArgumentError("the inference request JSON must be an object")
+    if not isinstance(doc, dict):  # Triton finds no member in it: 'inputs' is missing
+        raise member_error("inputs", {}, "array")
     request_id = doc.get("id", "")
     if type(request_id) is not str:
-        raise InvalidArgumentError("Unable to parse 'id': expected a string")
-    parameters, default_binary = request_parameters(doc.get("parameters"))
+        raise json_type_error("id", "string")
+    params = doc.get("parameters", _ABSENT)
+    parameters, default_binary = request_parameters(None if params is _ABSENT else params, params is None)
     inputs_json = doc.get("inputs")
-    if not isinstance(inputs_json, list):
-        raise InvalidArgumentError("Unable to parse 'inputs': expected an array")
+    if type(inputs_json) is not list:
+        raise member_error("inputs", doc, "array")
     inputs: dict[str, Tensor] = {}
     offset = end
     has_header = header_length is not None
@@ -637,7 +655,7 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
             sizes.append(offset - start)
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
-    outputs, binary = _requested_outputs(doc.get("outputs"))
+    outputs, binary = _requested_outputs(doc.get("outputs", _ABSENT))
     # positional: keyword arguments cost more, and this runs for every request
     request = InferenceRequest(model_name, model_version, request_id, inputs, outputs, parameters,
                                "http")
