@@ -772,7 +772,9 @@ class ModelManager:
         for mv in list(entry.versions.values()):
             entry.unloading[mv.version] = mv  # listed (UNLOADING) until its requests finish
             pending.append(self._unload_version(mv, entry=entry))
-        entry.versions, entry.failed = {}, {}
+        # Triton's index goes on listing each version it unloaded: UNAVAILABLE, "unloaded"
+        entry.failed = {version: "unloaded" for version in entry.versions}
+        entry.versions = {}
         if entry.agents is not None:  # UNLOAD, UNLOAD_COMPLETE, then the agent models go
             agents, entry.agents = entry.agents, None
             agents.unload()

@@ -229,11 +229,11 @@ _TEXTS: dict[str, dict[str, str]] = {
                 "model '{model}', expecting {count}",
     },
     "load_type": {
-        "http": "Unable to parse load parameter '{key}': expected a string",
+        "http": "attempt to access JSON non-string as string",  # TritonJson's, unprefixed
         "grpc": "invalid value type for load parameter '{key}', expected {kind}.",
     },
     "load_key": {
-        "http": "unexpected load parameter '{key}': expected 'config' or 'file:<version>/<name>'",
+        "http": "unexpected error on creating Triton parameter",  # (Triton's text)
         "grpc": "unrecognized load parameter '{key}'.",
     },
 }

@@ -261,6 +261,11 @@ def test_unloaded_model_has_no_available_versions(explicit):
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert (_message(client.get_model_metadata, "good", "7")
                 == "Request for unknown model: 'good' version 7 is not found")
+        # the index goes on listing the version, as Triton's does (checked on 2.51)
+        index = _index(httpclient.InferenceServerClient(explicit.url))
+        assert index[("good", "1")] == {"name": "good", "version": "1", "state": "UNAVAILABLE",
+                                        "reason": "unloaded"}
+        assert ("good", "") not in index
     finally:
         client.load_model("good")
 

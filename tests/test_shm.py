@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import threading
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -548,6 +549,45 @@ def test_cuda_extension_without_a_gpu_says_so(server, protocol) -> None:
     _expect_error(lambda: client.register_cuda_shared_memory("c", handle, 0, 64),
                   "failed to register shared memory region: invalid args",
                   "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+
+
+def _register_error(server, path: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://{server.url}{path}", data=json.dumps(body).encode(),
+                                     method="POST")
+    try:
+        urllib.request.urlopen(request, timeout=60)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["error"]
+    raise AssertionError(f"{path} {body} was accepted")
+
+
+def test_register_texts_of_malformed_bodies(server) -> None:
+    """Triton's texts, checked against Triton 2.51: TritonJson's for members of another JSON type
+    (Triton answers them with 500; bad input is a 400 here); CUDA's fields are read before the
+    handle is judged, and the handle before any device is looked for."""
+    system = "/v2/systemsharedmemory/region/r1/register"
+    not_uint = "attempt to access JSON non-unsigned-integer as unsigned-integer"
+    assert _register_error(server, system, {"key": "/k", "offset": -1, "byte_size": 16}) == (400, not_uint)
+    assert _register_error(server, system, {"key": "/k", "byte_size": "16"}) == (400, not_uint)
+    assert _register_error(server, system, {"key": 5, "byte_size": 16}) == (
+        400, "attempt to access JSON non-string as string")
+    assert _register_error(server, system, {"key": "/k"}) == (
+        400, "Shared memory register request has no 'byte_size' field")
+    cuda = "/v2/cudasharedmemory/region/c1/register"
+    handle = {"b64": base64.b64encode(b"\0" * 64).decode()}
+    assert _register_error(server, cuda, {"byte_size": 16, "device_id": 0}) == (
+        400, "Shared memory register request has no 'raw_handle' field")
+    assert _register_error(server, cuda, {"raw_handle": {}, "byte_size": 16, "device_id": 0}) == (
+        400, "attempt to access non-existing object member 'b64'")
+    assert _register_error(server, cuda, {"raw_handle": handle, "device_id": 0}) == (
+        400, "attempt to access non-existing object member 'byte_size'")
+    assert _register_error(server, cuda, {"raw_handle": handle, "byte_size": 16, "device_id": -1}) == (
+        400, not_uint)
+    assert _register_error(server, cuda, {"raw_handle": {"b64": "AAAA"}, "byte_size": 16, "device_id": 0}) == (
+        400, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+    assert _register_error(server, "/v2/repository/models/nothing/unload",
+                           {"parameters": {"unload_dependents": "yes"}}) == (
+        400, "Unable to parse 'unload_dependents': attempt to access JSON non-boolean as boolean")
 
 
 def test_os_never_sees_a_truncate(server, regions) -> None:

@@ -327,7 +327,8 @@ class Repository(_Resource):
     def on_post_unload(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
         dependents = _parameters(self.json_body(req)).get("unload_dependents", False)
         if type(dependents) is not bool:
-            raise InvalidArgumentError("Unable to parse 'unload_dependents': expected a boolean")
+            raise InvalidArgumentError(
+                "Unable to parse 'unload_dependents': attempt to access JSON non-boolean as boolean")
         self.host.unload_model(model, unload_dependents=dependents)
         resp.content_type = JSON
 
@@ -347,14 +348,12 @@ class SharedMemory(_Resource):
         if self.kind == "system":
             self.host.shm.register_system(name, _field(doc, "key"), doc.get("offset", 0),
                                           _field(doc, "byte_size"))
-        else:
+        else:  # Triton's order and texts (TritonJson's for members it reads with MemberAs*)
             handle = _field(doc, "raw_handle")
-            b64 = handle.get("b64") if isinstance(handle, dict) else None
-            if type(b64) is not str:
-                raise InvalidArgumentError(
-                    "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-            self.host.shm.register_cuda(name, b64, _field(doc, "device_id"),
-                                        _field(doc, "byte_size"))
+            b64 = _member(handle, "b64", str, "string")
+            byte_size = _member(doc, "byte_size", int, "unsigned-integer")
+            device_id = _member(doc, "device_id", int, "unsigned-integer")
+            self.host.shm.register_cuda(name, b64, device_id, byte_size)
         resp.content_type = JSON
 
     def on_post_unregister(self, req: falcon.Request, resp: falcon.Response, name: str = "") -> None:
@@ -416,10 +415,20 @@ def _field(doc: dict[str, Any], key: str) -> Any:
     return doc[key]
 
 
+def _member(doc: Any, key: str, kind: type, name: str) -> Any:
+    """A member read as TritonJson's MemberAs* reads it: its texts when missing or mistyped."""
+    if not isinstance(doc, dict) or key not in doc:
+        raise InvalidArgumentError(f"attempt to access non-existing object member '{key}'")
+    value = doc[key]
+    if type(value) is not kind:
+        raise InvalidArgumentError(f"attempt to access JSON non-{name} as {name}")
+    return value
+
+
 def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
     params = doc.get("parameters", {})
-    if not isinstance(params, dict):
-        raise InvalidArgumentError("Unable to parse 'parameters': expected an object")
+    if not isinstance(params, dict):  # TritonJson's text, as Triton's load answers it
+        raise InvalidArgumentError("attempt to get members for non-object")
     return params
 
 

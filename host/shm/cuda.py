@@ -60,7 +60,7 @@ class CudaRegion:
     kind = "cuda"
 
     def __init__(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        check_available()
+        check_available(name)  # after the request's own checks, as Triton opens the handle last
         import cupy
         if len(raw_handle) != IPC_HANDLE_SIZE:
             raise InvalidArgumentError("failed to register shared memory region: invalid args")

@@ -48,8 +48,8 @@ class SharedMemoryManager:
     # --- register / unregister / status ----------------------------------------------------
     def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         self._check_enabled()
-        if type(key) is not str:
-            raise InvalidArgumentError("Unable to parse 'key': expected a string")
+        if type(key) is not str:  # (TritonJson's texts: only a JSON body can get these wrong)
+            raise InvalidArgumentError("attempt to access JSON non-string as string")
         offset = _uint64("offset", offset)
         byte_size = _uint64("byte_size", byte_size)
         self._check_name(name, "system")
@@ -64,7 +64,6 @@ class SharedMemoryManager:
 
     def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
         self._check_enabled()
-        cuda.check_available(name)
         if isinstance(raw_handle, str):  # HTTP: base64 text
             try:
                 raw_handle = base64.b64decode(raw_handle, validate=True)
@@ -73,8 +72,8 @@ class SharedMemoryManager:
             if len(raw_handle) != cuda.IPC_HANDLE_SIZE:
                 raise InvalidArgumentError(
                     "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-        if type(device_id) is not int or device_id < 0:
-            raise InvalidArgumentError("Unable to parse 'device_id': expected a non-negative integer")
+        if type(device_id) is not int or not 0 <= device_id < _UINT64:
+            raise InvalidArgumentError(_NOT_UINT64)
         byte_size = _uint64("byte_size", byte_size)
         self._check_name(name, "cuda")
         with self._lock:
@@ -178,9 +177,12 @@ def _check_key(name: str, key: str) -> None:
             f"the reserved prefix '{RESERVED_KEY_PREFIX}'")
 
 
+_NOT_UINT64 = "attempt to access JSON non-unsigned-integer as unsigned-integer"  # TritonJson's
+
+
 def _uint64(field: str, value: Any) -> int:
     if value is None:
         raise InvalidArgumentError(f"Shared memory register request has no '{field}' field")
     if type(value) is not int or not 0 <= value < _UINT64:
-        raise InvalidArgumentError(f"Unable to parse '{field}': expected an unsigned 64-bit integer")
+        raise InvalidArgumentError(_NOT_UINT64)
     return value
