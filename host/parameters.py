@@ -44,7 +44,7 @@ def interpret(request: InferenceRequest) -> None:
             request.sequence_id = _grpc_sequence_id(value) if grpc else _json_sequence_id(value)
         elif key in ("sequence_start", "sequence_end"):
             if type(value) is not bool:
-                raise _grpc_type(key, "bool_param") if grpc else _json_type(key, "boolean")
+                raise _grpc_type(key, "bool_param") if grpc else validation.json_field_error(key, "boolean")
             setattr(request, key, value)
         elif key == "priority":
             request.priority = _grpc_priority(value) if grpc else _json_unsigned(key, value)
@@ -71,11 +71,6 @@ def _grpc_type(key: str, fields: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"invalid value type for '{key}' parameter, expected {fields}.")
 
 
-def _json_type(key: str, kind: str) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"Unable to parse '{key}': attempt to access JSON non-{kind} as {kind}")
-
-
 def _string_id(value: str) -> str:
     if len(value) > MAX_STRING_SEQUENCE_ID:
         raise UnsupportedError("string correlation ID cannot be longer than 128 characters")
@@ -95,7 +90,7 @@ def _json_sequence_id(value: Any) -> int | str:
         return value
     if type(value) is str:  # what is not an unsigned integer must be a string
         return _string_id(value)
-    raise _json_type("sequence_id", "string")
+    raise validation.json_field_error("sequence_id", "string")
 
 
 def _grpc_priority(value: Any) -> int:
@@ -116,7 +111,7 @@ def _grpc_timeout(value: Any) -> int:
 
 def _json_unsigned(key: str, value: Any) -> int:
     if not _unsigned(value):
-        raise _json_type(key, "unsigned-integer")
+        raise validation.json_field_error(key, "unsigned-integer")
     return value
 
 

@@ -203,6 +203,24 @@ def _names(names) -> str:
     return "[" + text + "]" if text else "]"
 
 
+# TritonJson's texts: how Triton's HTTP front end words a JSON member that is missing or of
+# another type. The front end prefixes most with "Unable to parse '<field>': " (json_field_error).
+def json_type_text(kind: str) -> str:
+    return f"attempt to access JSON non-{kind} as {kind}"
+
+
+def json_missing_text(member: str) -> str:
+    return f"attempt to access non-existing object member '{member}'"
+
+
+def json_field_error(field: str, kind: str, container: dict[str, Any] | None = None) -> InvalidArgumentError:
+    """Triton's text for `field` of another JSON type; with `container`, for a required member
+    that may also be missing from it."""
+    text = json_missing_text(field) if container is not None and field not in container \
+        else json_type_text(kind)
+    return InvalidArgumentError(f"Unable to parse '{field}': {text}")
+
+
 # --- rules on the tensors and parameters a front end decodes --------------------------------------
 # The codecs only parse their wire format; every rule about what they parsed is here, once.
 # Where Triton words a rule differently per protocol, each protocol's text is data in `_TEXTS`
@@ -229,7 +247,7 @@ _TEXTS: dict[str, dict[str, str]] = {
                 "model '{model}', expecting {count}",
     },
     "load_type": {
-        "http": "attempt to access JSON non-string as string",  # TritonJson's, unprefixed
+        "http": json_type_text("string"),  # unprefixed, as Triton's load answers it
         "grpc": "invalid value type for load parameter '{key}', expected {kind}.",
     },
     "load_key": {

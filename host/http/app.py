@@ -327,8 +327,7 @@ class Repository(_Resource):
     def on_post_unload(self, req: falcon.Request, resp: falcon.Response, model: str) -> None:
         dependents = _parameters(self.json_body(req)).get("unload_dependents", False)
         if type(dependents) is not bool:
-            raise InvalidArgumentError(
-                "Unable to parse 'unload_dependents': attempt to access JSON non-boolean as boolean")
+            raise validation.json_field_error("unload_dependents", "boolean")
         self.host.unload_model(model, unload_dependents=dependents)
         resp.content_type = JSON
 
@@ -418,10 +417,10 @@ def _field(doc: dict[str, Any], key: str) -> Any:
 def _member(doc: Any, key: str, kind: type, name: str) -> Any:
     """A member read as TritonJson's MemberAs* reads it: its texts when missing or mistyped."""
     if not isinstance(doc, dict) or key not in doc:
-        raise InvalidArgumentError(f"attempt to access non-existing object member '{key}'")
+        raise InvalidArgumentError(validation.json_missing_text(key))
     value = doc[key]
     if type(value) is not kind:
-        raise InvalidArgumentError(f"attempt to access JSON non-{name} as {name}")
+        raise InvalidArgumentError(validation.json_type_text(name))
     return value
 
 

@@ -86,19 +86,6 @@ def _may_nest_deeper(buf: bytes | memoryview, limit: int) -> bool:
 _ABSENT = object()  # a member the request does not have (None is JSON's null)
 
 
-def json_type_error(field: str, kind: str) -> InvalidArgumentError:
-    """Triton's text for a field of another JSON type: TritonJson's message after the field's."""
-    return InvalidArgumentError(f"Unable to parse '{field}': attempt to access JSON non-{kind} as {kind}")
-
-
-def member_error(field: str, container: dict[str, Any], kind: str) -> InvalidArgumentError:
-    """Triton's text for a required member that is missing or of another JSON type."""
-    if field not in container:
-        return InvalidArgumentError(
-            f"Unable to parse '{field}': attempt to access non-existing object member '{field}'")
-    return json_type_error(field, kind)
-
-
 def load_json_object(buf: bytes | memoryview) -> dict[str, Any]:
     """An optional JSON object body: {} when empty; anything but an object is refused."""
     if not buf:
@@ -454,10 +441,10 @@ def _check_parameter(key: str, value: Any) -> None:
             f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
-def request_parameters(params: Any, null: bool = False) -> tuple[dict[str, Any], bool]:
-    """The request's parameters for the host, and the `binary_data_output` flag. `null`: the
-    request has `"parameters": null`, which Triton refuses as it refuses any non-object."""
-    if params is None and not null:
+def request_parameters(params: Any) -> tuple[dict[str, Any], bool]:
+    """The request's parameters for the host, and the `binary_data_output` flag; `params` is
+    _ABSENT when the request has none (JSON's null is refused, as any non-object)."""
+    if params is _ABSENT:
         return {}, False
     if not isinstance(params, dict):
         raise InvalidArgumentError("failed to get request params.: attempt to get members for non-object")
@@ -466,7 +453,7 @@ def request_parameters(params: Any, null: bool = False) -> tuple[dict[str, Any],
     for key, value in params.items():
         if key == "binary_data_output":
             if type(value) is not bool:
-                raise json_type_error("binary_data_output", "boolean")
+                raise validation.json_field_error("binary_data_output", "boolean")
             binary = value
             continue
         _check_parameter(key, value)  # reserved keys are the host's to interpret (host.parameters)
@@ -474,7 +461,7 @@ def request_parameters(params: Any, null: bool = False) -> tuple[dict[str, Any],
     return out, binary
 
 
-def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_header: bool,
+def _decode_input(item: Any, view: memoryview, offset: int, has_header: bool,
                   model_name: str) -> tuple[Tensor, int, validation.DataSizeError | None]:
     """An input of the JSON header, its binary data (from `offset`) taken; and the error of data
     that does not fill its shape, which the caller keeps for later (Triton's core order)."""
@@ -498,13 +485,13 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
             + (("set " + " ".join(given)) if given else "no field is set"))
     name = item.get("name")
     if type(name) is not str:
-        raise member_error("name", item, "string")
+        raise validation.json_field_error("name", "string", item)
     datatype = item.get("datatype")
     if type(datatype) is not str:
-        raise member_error("datatype", item, "string")
+        raise validation.json_field_error("datatype", "string", item)
     shape = item.get("shape")
     if type(shape) is not list:
-        raise member_error("shape", item, "array")
+        raise validation.json_field_error("shape", "array", item)
     for d in shape:  # a loop, not all() over a generator: this runs for every input
         if type(d) is not int:
             raise validation.shape_error(name, shape, model_name, "http")
@@ -521,7 +508,7 @@ def _decode_input(item: Any, index: int, view: memoryview, offset: int, has_head
     if has_binary:
         size = params["binary_data_size"]
         if not _nonneg_int(size):
-            raise json_type_error("binary_data_size", "unsigned-integer")
+            raise validation.json_field_error("binary_data_size", "unsigned-integer")
         if not has_header:
             raise InvalidArgumentError(
                 f"must specify valid '{HEADER_LENGTH}' in request header and 'binary_data_size' "
@@ -554,7 +541,7 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
     if outputs is _ABSENT:
         return [], {}
     if type(outputs) is not list:
-        raise json_type_error("outputs", "array")
+        raise validation.json_field_error("outputs", "array")
     requested: list[RequestedOutput] = []
     binary: dict[str, bool] = {}
     for item in outputs:
@@ -562,7 +549,7 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
             item = {}
         name = item.get("name")
         if type(name) is not str:
-            raise member_error("name", item, "string")
+            raise validation.json_field_error("name", "string", item)
         params = item.get("parameters")
         extra: dict[str, Any] = {}
         is_binary = None
@@ -570,7 +557,7 @@ def _requested_outputs(outputs: Any) -> tuple[list[RequestedOutput], dict[str, b
             for key, value in params.items():
                 if key == "binary_data":
                     if type(value) is not bool:
-                        raise json_type_error("binary_data", "boolean")
+                        raise validation.json_field_error("binary_data", "boolean")
                     is_binary = value
                 else:  # the host judges the rest (host.parameters.check_outputs)
                     extra[key] = value
@@ -630,23 +617,22 @@ def _decode(view: memoryview, header_length: int | None, model_name: str, model_
     end = len(view) if header_length is None else header_length
     doc = load_json(view[:end])
     if not isinstance(doc, dict):  # Triton finds no member in it: 'inputs' is missing
-        raise member_error("inputs", {}, "array")
+        raise validation.json_field_error("inputs", "array", {})
     request_id = doc.get("id", "")
     if type(request_id) is not str:
-        raise json_type_error("id", "string")
-    params = doc.get("parameters", _ABSENT)
-    parameters, default_binary = request_parameters(None if params is _ABSENT else params, params is None)
+        raise validation.json_field_error("id", "string")
+    parameters, default_binary = request_parameters(doc.get("parameters", _ABSENT))
     inputs_json = doc.get("inputs")
     if type(inputs_json) is not list:
-        raise member_error("inputs", doc, "array")
+        raise validation.json_field_error("inputs", "array", doc)
     inputs: dict[str, Tensor] = {}
     offset = end
     has_header = header_length is not None
     data_errors: dict[str, validation.DataSizeError] = {}  # inputs whose data does not fill their shape
     sizes: list[int] = []  # the byte size of each input's binary data (a plan's, host.request_plan)
-    for index, item in enumerate(inputs_json):
+    for item in inputs_json:
         start = offset
-        tensor, offset, error = _decode_input(item, index, view, offset, has_header, model_name)
+        tensor, offset, error = _decode_input(item, view, offset, has_header, model_name)
         validation.check_new_input(inputs, tensor.name, request_id)
         inputs[tensor.name] = tensor
         if error is not None:

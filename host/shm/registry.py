@@ -16,6 +16,7 @@ import binascii
 import threading
 from typing import Any, Callable
 
+from host import validation
 from host.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnsupportedError
 from host.shm import cuda
 from host.shm.system import SystemRegion
@@ -49,7 +50,7 @@ class SharedMemoryManager:
     def register_system(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         self._check_enabled()
         if type(key) is not str:  # (TritonJson's texts: only a JSON body can get these wrong)
-            raise InvalidArgumentError("attempt to access JSON non-string as string")
+            raise InvalidArgumentError(validation.json_type_text("string"))
         offset = _uint64("offset", offset)
         byte_size = _uint64("byte_size", byte_size)
         self._check_name(name, "system")
@@ -177,7 +178,7 @@ def _check_key(name: str, key: str) -> None:
             f"the reserved prefix '{RESERVED_KEY_PREFIX}'")
 
 
-_NOT_UINT64 = "attempt to access JSON non-unsigned-integer as unsigned-integer"  # TritonJson's
+_NOT_UINT64 = validation.json_type_text("unsigned-integer")
 
 
 def _uint64(field: str, value: Any) -> int:
